@@ -1,1 +1,28 @@
-//! placeholder
+//! kiln's CPU kernels: ggml block formats, dequantization, activation quantization, int8 dot
+//! products with scalar / AVX2 / AVX-512 paths, and a rayon matmul driver.
+//!
+//! Numerics follow ggml: dequantization is bit-exact with ggml's reference, activation
+//! quantization produces ggml's integer codes, and dot products pair weights with the same
+//! activation formats as llama.cpp (Q8_0 / Q8_1 / Q8_K).
+
+pub mod blocks;
+pub mod dequant;
+mod dequant_k;
+pub mod dot;
+pub mod error;
+pub mod level;
+pub mod matmul;
+pub mod quantize;
+pub mod types;
+
+pub use blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+pub use dequant::dequantize_row;
+pub use dot::{dot_f32_at, vec_dot, vec_dot_at};
+pub use error::{KernelError, Result};
+pub use level::{CpuLevel, cpu_level, hardware_level, supported_levels};
+pub use matmul::{QMatrix, dequantize_matrix, matmul, matmul_f32};
+pub use quantize::{
+    ActFormat, ActRow, QuantizedActivations, quantize_row_q8_0, quantize_row_q8_1,
+    quantize_row_q8_k,
+};
+pub use types::{GgmlType, QK, QK_K};

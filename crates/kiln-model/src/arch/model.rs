@@ -1,0 +1,159 @@
+//! A loaded model: weights on a backend plus its config. Stateless across calls: the KV store is
+//! the caller's.
+
+use super::decoder::{self, ForwardCtx, Layer};
+use super::{gemma3, llama, qwen2, qwen3};
+use crate::ModelError;
+use crate::backend::{Backend, BatchLayout, KvStore};
+use crate::config::{Architecture, ModelConfig};
+use crate::weights::{TensorSource, optional};
+
+/// Which positions' logits a forward returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// The last position of each sequence in the batch (generation).
+    LastOfEach,
+    /// Every position (teacher forcing, evaluation).
+    All,
+}
+
+/// A decoder-only transformer on backend `B`.
+pub struct Model<B: Backend> {
+    config: ModelConfig,
+    embed: B::Matrix,
+    layers: Vec<Layer<B>>,
+    norm: B::Vector,
+    lm_head: Option<B::Matrix>,
+    inv_freq_global: Vec<f32>,
+    inv_freq_local: Vec<f32>,
+}
+
+impl<B: Backend> Model<B> {
+    /// Loads every weight the architecture needs from `src` onto `backend`.
+    pub fn load(backend: &B, src: &dyn TensorSource, config: ModelConfig) -> Result<Self, ModelError> {
+        let spec = match config.arch {
+            Architecture::Llama => &llama::SPEC,
+            Architecture::Qwen2 => &qwen2::SPEC,
+            Architecture::Qwen3 => &qwen3::SPEC,
+            Architecture::Gemma3 => &gemma3::SPEC,
+        };
+        let (v, h) = (config.vocab_size, config.hidden_size);
+        let embed = decoder::matrix(backend, src, "model.embed_tokens.weight", v, h)?;
+        let lm_head = match optional(src, "lm_head.weight", v, h)? {
+            Some(t) if !config.tie_word_embeddings => Some(backend.matrix("lm_head.weight", t)?),
+            Some(_) | None if config.tie_word_embeddings => None,
+            _ => {
+                return Err(ModelError::Tensor {
+                    path: src.path().into(),
+                    name: "lm_head.weight".into(),
+                    reason: "missing and tie_word_embeddings is false".into(),
+                });
+            }
+        };
+        let layers = (0..config.num_layers)
+            .map(|i| decoder::load_layer(backend, src, &config, i, spec))
+            .collect::<Result<Vec<_>, _>>()?;
+        let norm = decoder::vector(backend, src, "model.norm.weight", h)?;
+        Ok(Self {
+            inv_freq_global: config.rope_global.inv_freq(config.head_dim),
+            inv_freq_local: config.rope_local.inv_freq(config.head_dim),
+            config,
+            embed,
+            layers,
+            norm,
+            lm_head,
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Runs `tokens` (laid out by `batch`) through the model, appending their keys and values to
+    /// `kv`, and returns row-major logits `[n, vocab]` for the positions `want` selects.
+    ///
+    /// A span may start before its slot's current end (the cache is cut back to `start_pos`,
+    /// as a prompt-cache hit does) but not after it.
+    pub fn forward(
+        &self,
+        b: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        batch: &BatchLayout,
+        want: LogitsWanted,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.check_batch(kv, tokens, batch)?;
+        for s in &batch.spans {
+            kv.set_seq_len(s.slot, s.start_pos);
+        }
+        let positions = batch.positions();
+        let ctx = ForwardCtx {
+            cfg: &self.config,
+            batch,
+            positions: &positions,
+            inv_freq_global: &self.inv_freq_global,
+            inv_freq_local: &self.inv_freq_local,
+        };
+        let mut x = b.embed(&self.embed, tokens, self.config.embedding_scale)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            decoder::forward_layer(b, layer, i, &mut x, kv, &ctx)?;
+        }
+        let rows: Vec<usize> = match want {
+            LogitsWanted::All => (0..tokens.len()).collect(),
+            LogitsWanted::LastOfEach => {
+                let mut end = 0;
+                batch.spans.iter().map(|s| { end += s.n_tokens; end - 1 }).collect()
+            }
+        };
+        let x = if rows.len() == tokens.len() { x } else { b.gather_rows(&x, &rows) };
+        let x = b.rms_norm(&x, &self.norm, self.config.rms_norm_eps, self.config.norm_weight_offset);
+        let logits = b.matmul(&x, self.lm_head.as_ref().unwrap_or(&self.embed))?;
+        for s in &batch.spans {
+            kv.set_seq_len(s.slot, s.start_pos + s.n_tokens);
+        }
+        Ok(b.to_host(&logits))
+    }
+
+    fn check_batch(&self, kv: &B::Kv, tokens: &[u32], batch: &BatchLayout) -> Result<(), ModelError> {
+        let layout = kv.layout();
+        if tokens.is_empty() || tokens.len() != batch.total_tokens() {
+            return Err(ModelError::Forward(format!(
+                "batch layout covers {} tokens but {} were given",
+                batch.total_tokens(),
+                tokens.len()
+            )));
+        }
+        if layout.n_layers != self.config.num_layers
+            || layout.n_kv_heads != self.config.num_kv_heads
+            || layout.head_dim != self.config.head_dim
+        {
+            return Err(ModelError::Forward(format!("KV layout {layout:?} does not match the model")));
+        }
+        let mut seen = vec![false; layout.n_slots];
+        for s in &batch.spans {
+            if s.slot >= layout.n_slots || std::mem::replace(&mut seen[s.slot], true) {
+                return Err(ModelError::Forward(format!("slot {} is out of range or repeated", s.slot)));
+            }
+            if s.n_tokens == 0 || s.start_pos > kv.seq_len(s.slot) {
+                return Err(ModelError::Forward(format!(
+                    "slot {} holds {} positions; a span cannot start at {}",
+                    s.slot,
+                    kv.seq_len(s.slot),
+                    s.start_pos
+                )));
+            }
+            if s.start_pos + s.n_tokens > layout.capacity {
+                return Err(ModelError::Forward(format!(
+                    "context full: {} positions requested, the KV cache holds {}",
+                    s.start_pos + s.n_tokens,
+                    layout.capacity
+                )));
+            }
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return Err(ModelError::Forward(format!("token id {t} is outside the vocabulary of {}", self.config.vocab_size)));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,213 @@
+//! The CPU backend: kiln's own kernels (quantized int8 dot products, f32 SIMD) over host memory.
+
+mod attention;
+mod elementwise;
+mod kv;
+
+use std::sync::Mutex;
+
+use kiln_kernels::{GgmlType, QMatrix, QuantizedActivations};
+
+pub use kv::CpuKv;
+
+use super::{AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout};
+use crate::ModelError;
+use crate::config::Activation;
+
+/// How the CPU backend keeps weights.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuOptions {
+    /// Dequantize every matrix to f32 at load (the exact "dense" path) instead of running the
+    /// quantized kernels.
+    pub dense: bool,
+}
+
+/// A weight matrix on the CPU.
+pub enum CpuMatrix {
+    /// f32 values, row-major.
+    F32 {
+        /// Values.
+        data: Vec<f32>,
+        /// Output features.
+        rows: usize,
+        /// Input features.
+        cols: usize,
+    },
+    /// Quantized (or f16/bf16) rows in their file layout.
+    Quant {
+        /// Storage type.
+        ty: GgmlType,
+        /// Output features.
+        rows: usize,
+        /// Input features.
+        cols: usize,
+        /// Raw row bytes.
+        bytes: Vec<u8>,
+    },
+}
+
+impl CpuMatrix {
+    fn rows(&self) -> usize {
+        match self {
+            Self::F32 { rows, .. } | Self::Quant { rows, .. } => *rows,
+        }
+    }
+
+    fn cols(&self) -> usize {
+        match self {
+            Self::F32 { cols, .. } | Self::Quant { cols, .. } => *cols,
+        }
+    }
+
+    /// Bytes held.
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            Self::F32 { data, .. } => data.len() * 4,
+            Self::Quant { bytes, .. } => bytes.len(),
+        }
+    }
+}
+
+/// The CPU backend.
+pub struct CpuBackend {
+    options: CpuOptions,
+    /// Reused quantized-activation buffer, so a matmul allocates nothing once warm.
+    scratch: Mutex<QuantizedActivations>,
+}
+
+impl CpuBackend {
+    /// A backend with the given weight policy.
+    pub fn new(options: CpuOptions) -> Self {
+        Self { options, scratch: Mutex::new(QuantizedActivations::default()) }
+    }
+}
+
+impl Backend for CpuBackend {
+    type Matrix = CpuMatrix;
+    type Vector = Vec<f32>;
+    type Act = HostAct;
+    type Kv = CpuKv;
+
+    fn name(&self) -> &'static str {
+        if self.options.dense { "cpu-dense" } else { "cpu" }
+    }
+
+    fn matrix(&self, _name: &str, t: HostTensor) -> Result<CpuMatrix, ModelError> {
+        if self.options.dense || t.ty == GgmlType::F32 {
+            let data = t.to_f32()?;
+            return Ok(CpuMatrix::F32 { data, rows: t.rows, cols: t.cols });
+        }
+        Ok(CpuMatrix::Quant { ty: t.ty, rows: t.rows, cols: t.cols, bytes: t.bytes })
+    }
+
+    fn vector(&self, _name: &str, t: HostTensor) -> Result<Vec<f32>, ModelError> {
+        t.to_f32()
+    }
+
+    fn new_kv(&self, layout: KvLayout) -> Result<CpuKv, ModelError> {
+        CpuKv::new(layout)
+    }
+
+    fn embed(&self, table: &CpuMatrix, tokens: &[u32], scale: Option<f32>) -> Result<HostAct, ModelError> {
+        let (rows, cols) = (table.rows(), table.cols());
+        let mut out = HostAct::zeros(tokens.len(), cols);
+        for (i, &tok) in tokens.iter().enumerate() {
+            let r = tok as usize;
+            if r >= rows {
+                return Err(ModelError::Forward(format!("token id {tok} is outside the vocabulary of {rows}")));
+            }
+            let dst = &mut out.data[i * cols..(i + 1) * cols];
+            match table {
+                CpuMatrix::F32 { data, .. } => dst.copy_from_slice(&data[r * cols..(r + 1) * cols]),
+                CpuMatrix::Quant { ty, bytes, .. } => {
+                    let rb = ty.row_bytes(cols)?;
+                    kiln_kernels::dequantize_row(*ty, &bytes[r * rb..(r + 1) * rb], dst)?;
+                }
+            }
+            if let Some(s) = scale {
+                dst.iter_mut().for_each(|x| *x *= s);
+            }
+        }
+        Ok(out)
+    }
+
+    fn rms_norm(&self, x: &HostAct, w: &Vec<f32>, eps: f32, offset: f32) -> HostAct {
+        let mut out = x.clone();
+        for row in out.data.chunks_exact_mut(x.cols) {
+            elementwise::rms_norm_in_place(row, w, eps, offset);
+        }
+        out
+    }
+
+    fn head_rms_norm(&self, x: &mut HostAct, head_dim: usize, w: &Vec<f32>, eps: f32, offset: f32) {
+        for head in x.data.chunks_exact_mut(head_dim) {
+            elementwise::rms_norm_in_place(head, w, eps, offset);
+        }
+    }
+
+    fn matmul(&self, x: &HostAct, w: &CpuMatrix) -> Result<HostAct, ModelError> {
+        if x.cols != w.cols() {
+            return Err(ModelError::Forward(format!("matmul: input width {} != weight cols {}", x.cols, w.cols())));
+        }
+        let mut out = HostAct::zeros(x.rows, w.rows());
+        match w {
+            CpuMatrix::F32 { data, rows, cols } => {
+                kiln_kernels::matmul_f32(data, *rows, *cols, &x.data, x.rows, &mut out.data)?;
+            }
+            CpuMatrix::Quant { ty, rows, cols, bytes } => {
+                let qm = QMatrix::new(*ty, *rows, *cols, bytes)?;
+                let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+                kiln_kernels::matmul(&qm, &x.data, x.rows, &mut out.data, &mut scratch)?;
+            }
+        }
+        Ok(out)
+    }
+
+    fn add_bias(&self, x: &mut HostAct, b: &Vec<f32>) {
+        for row in x.data.chunks_exact_mut(x.cols) {
+            row.iter_mut().zip(b).for_each(|(v, bi)| *v += bi);
+        }
+    }
+
+    fn rope(&self, x: &mut HostAct, head_dim: usize, positions: &[usize], inv_freq: &[f32]) {
+        let cols = x.cols;
+        for (row, &pos) in x.data.chunks_exact_mut(cols).zip(positions) {
+            elementwise::rope_row(row, head_dim, pos, inv_freq);
+        }
+    }
+
+    fn attention(
+        &self,
+        kv: &mut CpuKv,
+        layer: usize,
+        q: &HostAct,
+        k: &HostAct,
+        v: &HostAct,
+        batch: &BatchLayout,
+        params: &AttentionParams,
+    ) -> Result<HostAct, ModelError> {
+        Ok(attention::attention(kv, layer, q, k, v, batch, params))
+    }
+
+    fn glu(&self, gate: &HostAct, up: &HostAct, act: Activation) -> HostAct {
+        let mut out = gate.clone();
+        elementwise::glu_in_place(&mut out.data, &up.data, act);
+        out
+    }
+
+    fn add_assign(&self, x: &mut HostAct, y: &HostAct) {
+        x.data.iter_mut().zip(&y.data).for_each(|(a, b)| *a += b);
+    }
+
+    fn gather_rows(&self, x: &HostAct, rows: &[usize]) -> HostAct {
+        let mut out = HostAct::zeros(rows.len(), x.cols);
+        for (dst, &r) in out.data.chunks_exact_mut(x.cols).zip(rows) {
+            dst.copy_from_slice(x.row(r));
+        }
+        out
+    }
+
+    fn to_host(&self, x: &HostAct) -> Vec<f32> {
+        x.data.clone()
+    }
+}

@@ -1,0 +1,79 @@
+//! Host-memory tensors shared by the CPU backends and the loaders.
+
+use kiln_kernels::GgmlType;
+
+use crate::ModelError;
+
+/// A tensor as read from a model file: raw storage bytes of one type, viewed as a matrix.
+#[derive(Debug, Clone)]
+pub struct HostTensor {
+    /// Storage type.
+    pub ty: GgmlType,
+    /// Number of rows (1 for vectors).
+    pub rows: usize,
+    /// Elements per row.
+    pub cols: usize,
+    /// `rows * row_bytes(cols)` bytes.
+    pub bytes: Vec<u8>,
+}
+
+impl HostTensor {
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> Result<usize, ModelError> {
+        Ok(self.ty.row_bytes(self.cols)?)
+    }
+
+    /// Dequantizes the whole tensor to f32.
+    pub fn to_f32(&self) -> Result<Vec<f32>, ModelError> {
+        let rb = self.row_bytes()?;
+        let mut out = vec![0f32; self.rows * self.cols];
+        if self.bytes.len() != rb * self.rows {
+            return Err(ModelError::Forward(format!(
+                "tensor holds {} bytes, expected {} rows of {rb}",
+                self.bytes.len(),
+                self.rows
+            )));
+        }
+        for (src, dst) in self.bytes.chunks_exact(rb).zip(out.chunks_exact_mut(self.cols)) {
+            kiln_kernels::dequantize_row(self.ty, src, dst)?;
+        }
+        Ok(out)
+    }
+
+    /// Reorders rows: row `i` of the result is row `order[i]` of `self`.
+    pub fn permute_rows(&mut self, order: &[usize]) -> Result<(), ModelError> {
+        let rb = self.row_bytes()?;
+        if order.len() != self.rows || order.iter().any(|&r| r >= self.rows) {
+            return Err(ModelError::Forward("row permutation does not match the tensor".into()));
+        }
+        let mut out = Vec::with_capacity(self.bytes.len());
+        for &r in order {
+            out.extend_from_slice(&self.bytes[r * rb..(r + 1) * rb]);
+        }
+        self.bytes = out;
+        Ok(())
+    }
+}
+
+/// Row-major f32 activations `[rows, cols]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostAct {
+    /// The values.
+    pub data: Vec<f32>,
+    /// Number of rows (tokens).
+    pub rows: usize,
+    /// Width of a row.
+    pub cols: usize,
+}
+
+impl HostAct {
+    /// Zero-filled activations.
+    pub fn zeros(rows: usize, cols: usize) -> Self {
+        Self { data: vec![0.0; rows * cols], rows, cols }
+    }
+
+    /// Row `i`.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.cols..(i + 1) * self.cols]
+    }
+}

@@ -1,0 +1,147 @@
+//! The operations every architecture is written against. A backend implements them for one kind
+//! of device: [`cpu::CpuBackend`] with kiln's kernels, [`reference::ReferenceBackend`] as a naive
+//! f32 oracle, and later a candle backend for CUDA/Metal and training.
+//!
+//! Model code owns no KV state: the engine creates a [`Backend::Kv`] store and passes it to each
+//! forward together with a [`BatchLayout`] saying which slot each run of tokens belongs to.
+
+pub mod cpu;
+mod host;
+pub mod reference;
+
+pub use host::{HostAct, HostTensor};
+
+use crate::ModelError;
+use crate::config::Activation;
+
+/// One sequence's run of tokens in a forward batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqSpan {
+    /// The KV slot of the sequence.
+    pub slot: usize,
+    /// Position of the first token; the slot must already hold exactly this many positions.
+    pub start_pos: usize,
+    /// Number of tokens in this run.
+    pub n_tokens: usize,
+}
+
+/// How the tokens of one forward are split between sequences, in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchLayout {
+    /// The runs, concatenated in this order in the activations.
+    pub spans: Vec<SeqSpan>,
+}
+
+impl BatchLayout {
+    /// A batch of one sequence.
+    pub fn single(slot: usize, start_pos: usize, n_tokens: usize) -> Self {
+        Self { spans: vec![SeqSpan { slot, start_pos, n_tokens }] }
+    }
+
+    /// Total tokens over all runs.
+    pub fn total_tokens(&self) -> usize {
+        self.spans.iter().map(|s| s.n_tokens).sum()
+    }
+
+    /// The position of every token, in activation order.
+    pub fn positions(&self) -> Vec<usize> {
+        self.spans.iter().flat_map(|s| s.start_pos..s.start_pos + s.n_tokens).collect()
+    }
+}
+
+/// Shape of one layer's attention, as the backend's kernel needs it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionParams {
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads.
+    pub n_kv_heads: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+    /// Score multiplier.
+    pub scale: f32,
+    /// Sliding window (positions visible, the query's own included), if any.
+    pub window: Option<usize>,
+}
+
+/// The size of a KV store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Number of layers.
+    pub n_layers: usize,
+    /// Key/value heads per layer.
+    pub n_kv_heads: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+    /// Sequences held at once.
+    pub n_slots: usize,
+    /// Positions per sequence.
+    pub capacity: usize,
+}
+
+/// Engine-owned key/value storage for a set of sequence slots.
+pub trait KvStore: Send {
+    /// The layout it was created with.
+    fn layout(&self) -> KvLayout;
+    /// Positions currently held by `slot`.
+    fn seq_len(&self, slot: usize) -> usize;
+    /// Sets the committed length of `slot` (shrinking forgets positions; growing is done by a
+    /// forward, which calls this after all layers have written).
+    fn set_seq_len(&mut self, slot: usize, len: usize);
+    /// Bytes of storage allocated for keys and values.
+    fn allocated_bytes(&self) -> usize;
+}
+
+/// The operation set. Activations are row-major `[tokens, width]`.
+pub trait Backend: Send + Sync {
+    /// A weight matrix `[rows = out features, cols = in features]`, possibly quantized.
+    type Matrix: Send + Sync;
+    /// A 1-D parameter (norm weight, bias) in f32.
+    type Vector: Send + Sync;
+    /// Activations.
+    type Act;
+    /// Key/value storage.
+    type Kv: KvStore;
+
+    /// Short name for logs and stats.
+    fn name(&self) -> &'static str;
+    /// Takes ownership of a weight matrix read from a file.
+    fn matrix(&self, name: &str, t: HostTensor) -> Result<Self::Matrix, ModelError>;
+    /// Takes a 1-D parameter, converting it to f32.
+    fn vector(&self, name: &str, t: HostTensor) -> Result<Self::Vector, ModelError>;
+    /// Allocates a KV store.
+    fn new_kv(&self, layout: KvLayout) -> Result<Self::Kv, ModelError>;
+
+    /// Looks up embedding rows, optionally multiplying them by `scale`.
+    fn embed(&self, table: &Self::Matrix, tokens: &[u32], scale: Option<f32>) -> Result<Self::Act, ModelError>;
+    /// RMSNorm over each row: `x / rms(x) * (w + offset)`.
+    fn rms_norm(&self, x: &Self::Act, w: &Self::Vector, eps: f32, offset: f32) -> Self::Act;
+    /// RMSNorm applied to every `head_dim` slice of every row, in place.
+    fn head_rms_norm(&self, x: &mut Self::Act, head_dim: usize, w: &Self::Vector, eps: f32, offset: f32);
+    /// `x · Wᵀ`: `[tokens, cols] → [tokens, rows]`.
+    fn matmul(&self, x: &Self::Act, w: &Self::Matrix) -> Result<Self::Act, ModelError>;
+    /// Adds a bias to every row.
+    fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector);
+    /// Rotates each `head_dim` slice in the rotate-half (NeoX) layout by its token's position.
+    fn rope(&self, x: &mut Self::Act, head_dim: usize, positions: &[usize], inv_freq: &[f32]);
+    /// Writes this batch's keys and values into `kv` at `layer` and attends causally.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        batch: &BatchLayout,
+        params: &AttentionParams,
+    ) -> Result<Self::Act, ModelError>;
+    /// `act(gate) * up`.
+    fn glu(&self, gate: &Self::Act, up: &Self::Act, act: Activation) -> Self::Act;
+    /// `x += y`.
+    fn add_assign(&self, x: &mut Self::Act, y: &Self::Act);
+    /// Keeps the given rows, in that order.
+    fn gather_rows(&self, x: &Self::Act, rows: &[usize]) -> Self::Act;
+    /// Copies activations to host memory, row-major.
+    fn to_host(&self, x: &Self::Act) -> Vec<f32>;
+}

@@ -1,0 +1,135 @@
+//! Tensors from a GGUF file, renamed to Hugging Face names, with llama.cpp's Q/K row permutation
+//! undone so that every architecture runs the same rotate-half RoPE.
+
+use std::path::Path;
+
+use super::TensorSource;
+use crate::ModelError;
+use crate::backend::HostTensor;
+use crate::config::Architecture;
+use crate::gguf::GgufFile;
+
+/// A GGUF file as a [`TensorSource`].
+pub struct GgufSource {
+    file: GgufFile,
+    arch: Architecture,
+    n_heads: usize,
+    n_kv_heads: usize,
+}
+
+impl GgufSource {
+    /// Wraps an open GGUF file; head counts are needed to undo the Q/K permutation.
+    pub fn new(file: GgufFile, arch: Architecture, n_heads: usize, n_kv_heads: usize) -> Self {
+        Self { file, arch, n_heads, n_kv_heads }
+    }
+
+    /// The underlying file.
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    fn gguf_name(&self, hf: &str) -> Option<String> {
+        let direct = match hf {
+            "model.embed_tokens.weight" => Some("token_embd.weight"),
+            "model.norm.weight" => Some("output_norm.weight"),
+            "lm_head.weight" => Some("output.weight"),
+            _ => None,
+        };
+        if let Some(n) = direct {
+            return Some(n.to_string());
+        }
+        let rest = hf.strip_prefix("model.layers.")?;
+        let (layer, suffix) = rest.split_once('.')?;
+        let gemma = self.arch == Architecture::Gemma3;
+        let mapped = match suffix {
+            "input_layernorm.weight" => "attn_norm.weight",
+            "self_attn.q_proj.weight" => "attn_q.weight",
+            "self_attn.k_proj.weight" => "attn_k.weight",
+            "self_attn.v_proj.weight" => "attn_v.weight",
+            "self_attn.o_proj.weight" => "attn_output.weight",
+            "self_attn.q_proj.bias" => "attn_q.bias",
+            "self_attn.k_proj.bias" => "attn_k.bias",
+            "self_attn.v_proj.bias" => "attn_v.bias",
+            "self_attn.q_norm.weight" => "attn_q_norm.weight",
+            "self_attn.k_norm.weight" => "attn_k_norm.weight",
+            "post_attention_layernorm.weight" if gemma => "post_attention_norm.weight",
+            "post_attention_layernorm.weight" => "ffn_norm.weight",
+            "pre_feedforward_layernorm.weight" => "ffn_norm.weight",
+            "post_feedforward_layernorm.weight" => "post_ffw_norm.weight",
+            "mlp.gate_proj.weight" => "ffn_gate.weight",
+            "mlp.up_proj.weight" => "ffn_up.weight",
+            "mlp.down_proj.weight" => "ffn_down.weight",
+            _ => return None,
+        };
+        Some(format!("blk.{layer}.{mapped}"))
+    }
+
+    /// llama.cpp's converter permutes Q/K rows of llama-family models into its interleaved RoPE
+    /// layout; other families are stored as in Hugging Face.
+    fn heads_to_unpermute(&self, hf: &str) -> Option<usize> {
+        if self.arch != Architecture::Llama {
+            return None;
+        }
+        if hf.ends_with("self_attn.q_proj.weight") {
+            Some(self.n_heads)
+        } else if hf.ends_with("self_attn.k_proj.weight") {
+            Some(self.n_kv_heads)
+        } else {
+            None
+        }
+    }
+}
+
+/// Row order that undoes llama.cpp's permutation: within each head, GGUF row `2i + c` is Hugging
+/// Face row `c * half + i`.
+pub(crate) fn unpermute_order(rows: usize, n_heads: usize) -> Option<Vec<usize>> {
+    if n_heads == 0 || rows % n_heads != 0 || (rows / n_heads) % 2 != 0 {
+        return None;
+    }
+    let head_dim = rows / n_heads;
+    let half = head_dim / 2;
+    let mut order = vec![0; rows];
+    for h in 0..n_heads {
+        for c in 0..2 {
+            for i in 0..half {
+                order[h * head_dim + c * half + i] = h * head_dim + 2 * i + c;
+            }
+        }
+    }
+    Some(order)
+}
+
+impl TensorSource for GgufSource {
+    fn path(&self) -> &Path {
+        self.file.path()
+    }
+
+    fn tensor(&self, name: &str) -> Result<Option<HostTensor>, ModelError> {
+        let Some(gguf_name) = self.gguf_name(name) else { return Ok(None) };
+        let Some(info) = self.file.header().tensor(&gguf_name) else { return Ok(None) };
+        let too_big = || ModelError::Tensor {
+            path: self.path().into(),
+            name: gguf_name.clone(),
+            reason: format!("dims {:?} are not a matrix or vector", info.dims),
+        };
+        let (cols, rows) = match info.dims.as_slice() {
+            [c] => (*c as usize, 1),
+            [c, r] => (*c as usize, *r as usize),
+            _ => return Err(too_big()),
+        };
+        let mut t = HostTensor { ty: info.ty, rows, cols, bytes: self.file.tensor_data(info).to_vec() };
+        if let Some(heads) = self.heads_to_unpermute(name) {
+            let order = unpermute_order(rows, heads).ok_or_else(|| ModelError::Tensor {
+                path: self.path().into(),
+                name: gguf_name.clone(),
+                reason: format!("{rows} rows do not split into {heads} heads of even width"),
+            })?;
+            t.permute_rows(&order)?;
+        }
+        Ok(Some(t))
+    }
+
+    fn total_tensor_bytes(&self) -> u64 {
+        self.file.header().tensors.iter().map(|t| t.size_bytes).sum()
+    }
+}
