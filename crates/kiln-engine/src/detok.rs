@@ -206,7 +206,7 @@ mod tests {
         }
         // Merge each word left to right so every intermediate piece is in the vocabulary.
         let mut merges: Vec<String> = Vec::new();
-        let mut add = |piece: &str, vocab: &mut serde_json::Map<String, serde_json::Value>| {
+        let add = |piece: &str, vocab: &mut serde_json::Map<String, serde_json::Value>| {
             if !vocab.contains_key(piece) {
                 let id = vocab.len();
                 vocab.insert(piece.into(), json!(id));
@@ -271,7 +271,11 @@ mod tests {
     #[test]
     fn byte_level_skips_special_tokens() {
         let tok = byte_level_tokenizer();
-        let mut ids = tok.encode("hello", false).expect("encode").get_ids().to_vec();
+        let mut ids = tok
+            .encode("hello", false)
+            .expect("encode")
+            .get_ids()
+            .to_vec();
         ids.push(260);
         let chunks = stream(&tok, &ids, true);
         assert_eq!(chunks.concat(), "hello");
@@ -290,7 +294,10 @@ mod tests {
             assert_eq!(d.push(t).expect("decode"), "");
         }
         assert_eq!(d.pending_tokens().len(), 3);
-        assert_eq!(d.flush().expect("flush"), tok.decode(&ids[..3], false).expect("decode"));
+        assert_eq!(
+            d.flush().expect("flush"),
+            tok.decode(&ids[..3], false).expect("decode")
+        );
     }
 
     #[test]
@@ -299,7 +306,10 @@ mod tests {
         let text = "Hello world é! café";
         let ids = tok.encode(text, false).expect("encode").get_ids().to_vec();
         // é has no piece, so it must go through two <0x..> byte-fallback tokens.
-        assert!(ids.contains(&(1 + 0xC3)) && ids.contains(&(1 + 0xA9)), "{ids:?}");
+        assert!(
+            ids.contains(&(1 + 0xC3)) && ids.contains(&(1 + 0xA9)),
+            "{ids:?}"
+        );
         let chunks = stream(&tok, &ids, false);
         assert_eq!(chunks.concat(), text);
         assert!(chunks.iter().all(|c| !c.contains('\u{FFFD}')), "{chunks:?}");
@@ -314,8 +324,16 @@ mod tests {
     #[test]
     fn context_keeps_leading_space_of_first_generated_token() {
         let tok = sentencepiece_tokenizer();
-        let prompt = tok.encode("Hello", false).expect("encode").get_ids().to_vec();
-        let generated = tok.encode(" world", false).expect("encode").get_ids().to_vec();
+        let prompt = tok
+            .encode("Hello", false)
+            .expect("encode")
+            .get_ids()
+            .to_vec();
+        let generated = tok
+            .encode(" world", false)
+            .expect("encode")
+            .get_ids()
+            .to_vec();
         // " world" encodes with a prepended ▁, giving "▁▁world"-like pieces; use the plain piece.
         let world = *generated.last().expect("non-empty");
         let mut d = IncrementalDecoder::with_context(tok.clone(), false, &prompt);
@@ -327,7 +345,11 @@ mod tests {
     #[test]
     fn long_streams_compact() {
         let tok = byte_level_tokenizer();
-        let ids = tok.encode("hello wörld ", false).expect("encode").get_ids().to_vec();
+        let ids = tok
+            .encode("hello wörld ", false)
+            .expect("encode")
+            .get_ids()
+            .to_vec();
         let mut d = IncrementalDecoder::new(tok.clone(), false);
         let mut out = String::new();
         let mut all = Vec::new();

@@ -354,7 +354,9 @@ mod tests {
     #[test]
     fn many_stops_stay_fast_and_correct() {
         // 1,000 long stops sharing a prefix, fed a long adversarial stream one byte at a time.
-        let stops: Vec<String> = (0..1000).map(|i| format!("{}{i:04}", "a".repeat(200))).collect();
+        let stops: Vec<String> = (0..1000)
+            .map(|i| format!("{}{i:04}", "a".repeat(200)))
+            .collect();
         let mut m = StopMatcher::new(stops).expect("valid");
         let mut out = String::new();
         for _ in 0..20_000 {
@@ -377,7 +379,9 @@ mod tests {
             let mut chunks = Vec::new();
             for _ in 0..12 {
                 let mut c = String::new();
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 for k in 0..(x >> 60) % 3 {
                     c.push(['a', 'b', 'x', 'c', 'a'][((x >> (10 + 8 * k)) % 5) as usize]);
                 }

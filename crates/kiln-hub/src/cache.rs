@@ -49,7 +49,11 @@ pub fn sha256_file(path: &Path) -> Result<String> {
 }
 
 /// Feeds up to `limit` bytes of `reader` to `hasher`; returns how many were read.
-pub(crate) fn hash_reader(reader: &mut impl Read, hasher: &mut Sha256, limit: u64) -> io::Result<u64> {
+pub(crate) fn hash_reader(
+    reader: &mut impl Read,
+    hasher: &mut Sha256,
+    limit: u64,
+) -> io::Result<u64> {
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0u64;
     while total < limit {
@@ -68,7 +72,10 @@ pub(crate) fn hash_reader(reader: &mut impl Read, hasher: &mut Sha256, limit: u6
 
 /// `<file>.<suffix>` next to `file` (suffix appended, not replacing the extension).
 pub(crate) fn with_suffix(file: &Path, suffix: &str) -> PathBuf {
-    let mut name = file.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    let mut name = file
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
     name.push(".");
     name.push(suffix);
     file.with_file_name(name)
@@ -180,7 +187,6 @@ pub(crate) fn verify_file(file: &Path, sha256: &str, size: Option<u64>) -> Resul
     }
     Ok(Verification::Ok { cached: false })
 }
-
 
 #[cfg(test)]
 mod tests {

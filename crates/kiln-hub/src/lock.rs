@@ -37,8 +37,7 @@ impl FileLock {
                         path.display()
                     );
                 }
-                file.lock()
-                    .map_err(|e| HubError::io("locking", path, e))?;
+                file.lock().map_err(|e| HubError::io("locking", path, e))?;
             }
             Err(TryLockError::Error(e)) => return Err(HubError::io("locking", path, e)),
         }
@@ -84,6 +83,9 @@ mod tests {
         std::thread::sleep(Duration::from_millis(150));
         released.store(true, Ordering::SeqCst);
         drop(first);
-        assert!(waiter.join().expect("join"), "second lock taken while first held");
+        assert!(
+            waiter.join().expect("join"),
+            "second lock taken while first held"
+        );
     }
 }

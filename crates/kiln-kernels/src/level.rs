@@ -60,7 +60,11 @@ fn detect() -> CpuLevel {
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512vnni");
-    if avx512 { CpuLevel::Avx512 } else { CpuLevel::Avx2 }
+    if avx512 {
+        CpuLevel::Avx512
+    } else {
+        CpuLevel::Avx2
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -74,7 +78,11 @@ pub fn cpu_level() -> CpuLevel {
     static LEVEL: OnceLock<CpuLevel> = OnceLock::new();
     *LEVEL.get_or_init(|| {
         let hw = hardware_level();
-        match std::env::var("KILN_CPU_LEVEL").ok().as_deref().and_then(CpuLevel::parse) {
+        match std::env::var("KILN_CPU_LEVEL")
+            .ok()
+            .as_deref()
+            .and_then(CpuLevel::parse)
+        {
             Some(req) => req.min(hw),
             None => hw,
         }

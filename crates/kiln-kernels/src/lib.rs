@@ -10,6 +10,7 @@ pub mod dequant;
 mod dequant_k;
 pub mod dot;
 pub mod error;
+pub mod exact;
 pub mod level;
 pub mod matmul;
 pub mod quantize;
@@ -19,6 +20,7 @@ pub use blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 pub use dequant::dequantize_row;
 pub use dot::{dot_f32_at, vec_dot, vec_dot_at};
 pub use error::{KernelError, Result};
+pub use exact::matmul_f32_activations;
 pub use level::{CpuLevel, cpu_level, hardware_level, supported_levels};
 pub use matmul::{QMatrix, dequantize_matrix, matmul, matmul_f32};
 pub use quantize::{

@@ -95,7 +95,7 @@ const MIN_ROWS_PER_TASK: usize = 64;
 /// the task's weight rows stay in L2.
 const TOKEN_TILE: usize = 8;
 
-fn check_len(what: &'static str, a: usize, b: usize, actual: usize) -> Result<()> {
+pub(crate) fn check_len(what: &'static str, a: usize, b: usize, actual: usize) -> Result<()> {
     let expected = a.checked_mul(b).ok_or(KernelError::Overflow(what))?;
     if actual != expected {
         return Err(KernelError::LengthMismatch {
@@ -123,7 +123,12 @@ impl OutPtr {
 
 /// Runs `dot(r, t)` for every row r < rows and token t < n_tokens, writing
 /// `out[t * rows + r]`; rows are split into tasks, tokens are tiled inside each task.
-fn par_drive(rows: usize, n_tokens: usize, out: &mut [f32], dot: impl Fn(usize, usize) -> f32 + Sync) {
+pub(crate) fn par_drive(
+    rows: usize,
+    n_tokens: usize,
+    out: &mut [f32],
+    dot: impl Fn(usize, usize) -> f32 + Sync,
+) {
     debug_assert_eq!(out.len(), rows * n_tokens);
     if rows == 0 || n_tokens == 0 {
         return;

@@ -239,9 +239,14 @@ impl QuantizedActivations {
 
     /// Quantizes `n_rows` activation rows (`x` is `[n_rows, cols]` row-major) for weights of
     /// type `weight_ty`; `cols` must be a multiple of the activation block size.
-    pub fn quantize_rows_into(&mut self, weight_ty: GgmlType, x: &[f32], n_rows: usize) -> Result<()> {
+    pub fn quantize_rows_into(
+        &mut self,
+        weight_ty: GgmlType,
+        x: &[f32],
+        n_rows: usize,
+    ) -> Result<()> {
         let format = ActFormat::for_weight(weight_ty)?;
-        let cols = if n_rows == 0 { 0 } else { x.len() / n_rows };
+        let cols = x.len().checked_div(n_rows).unwrap_or(0);
         if cols.checked_mul(n_rows) != Some(x.len()) {
             return Err(KernelError::LengthMismatch {
                 what: "activation rows",

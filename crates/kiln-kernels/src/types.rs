@@ -148,7 +148,7 @@ impl GgmlType {
     /// Number of blocks in `n_elems` elements; errors unless it divides exactly.
     pub fn n_blocks(self, n_elems: usize) -> Result<usize> {
         let be = self.block_elems();
-        if n_elems % be != 0 {
+        if !n_elems.is_multiple_of(be) {
             return Err(KernelError::NotBlockMultiple {
                 ty: self,
                 n: n_elems,

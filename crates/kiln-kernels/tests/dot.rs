@@ -49,9 +49,18 @@ impl Act {
     fn values(&self) -> Vec<f32> {
         match self {
             Act::F32(v) => v.clone(),
-            Act::Q8_0(v) => v.iter().flat_map(|b| b.qs.map(|q| b.d.to_f32() * q as f32)).collect(),
-            Act::Q8_1(v) => v.iter().flat_map(|b| b.qs.map(|q| b.d.to_f32() * q as f32)).collect(),
-            Act::Q8K(v) => v.iter().flat_map(|b| b.qs.map(|q| b.d * q as f32)).collect(),
+            Act::Q8_0(v) => v
+                .iter()
+                .flat_map(|b| b.qs.map(|q| b.d.to_f32() * q as f32))
+                .collect(),
+            Act::Q8_1(v) => v
+                .iter()
+                .flat_map(|b| b.qs.map(|q| b.d.to_f32() * q as f32))
+                .collect(),
+            Act::Q8K(v) => v
+                .iter()
+                .flat_map(|b| b.qs.map(|q| b.d * q as f32))
+                .collect(),
         }
     }
     /// ggml folds Q4_1/Q5_1 minimums in through `s`, an f16 of `d * sum(q)`; the exact
@@ -86,7 +95,11 @@ fn abs_terms(ty: GgmlType, w: &[u8], act: &Act) -> (f64, f64) {
     let mut wd = vec![0.0f32; a.len()];
     dequantize_row(ty, w, &mut wd).unwrap();
     let exact: f64 = wd.iter().zip(&a).map(|(&x, &y)| x as f64 * y as f64).sum();
-    let mag: f64 = wd.iter().zip(&a).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum();
+    let mag: f64 = wd
+        .iter()
+        .zip(&a)
+        .map(|(&x, &y)| (x as f64 * y as f64).abs())
+        .sum();
     (exact + act.min_correction(ty, w), mag)
 }
 
@@ -177,10 +190,17 @@ fn quantize_then_dot_tracks_float_dot() {
         let mut wd = vec![0.0f32; n];
         dequantize_row(ty, &w, &mut wd).unwrap();
         let exact: f64 = wd.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
-        let mag: f64 = wd.iter().zip(&x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+        let mag: f64 = wd
+            .iter()
+            .zip(&x)
+            .map(|(&a, &b)| (a as f64 * b as f64).abs())
+            .sum();
         let mut qa = QuantizedActivations::new();
         qa.quantize_into(ty, &x).unwrap();
         let got = vec_dot(ty, &w, qa.row(0).unwrap()).unwrap();
-        assert!((got as f64 - exact).abs() <= 0.02 * mag, "{ty}: {got} vs {exact} (mag {mag})");
+        assert!(
+            (got as f64 - exact).abs() <= 0.02 * mag,
+            "{ty}: {got} vs {exact} (mag {mag})"
+        );
     }
 }

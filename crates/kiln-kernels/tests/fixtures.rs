@@ -26,7 +26,11 @@ fn dequantize_matches_gguf_py_bit_exact() {
         let mut got = vec![0.0f32; n];
         dequantize_row(ty, &src, &mut got).unwrap();
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.to_bits(), w.to_bits(), "{name} element {i}: got {g}, want {w}");
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{name} element {i}: got {g}, want {w}"
+            );
         }
         seen.push(ty);
     }
@@ -63,7 +67,10 @@ fn activation_quantization_matches_ggml_reference() {
         assert_eq!(got.len(), want.len(), "{name}");
         if got != want {
             let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap();
-            panic!("{name}: first differing byte {i}: got {} want {}", got[i], want[i]);
+            panic!(
+                "{name}: first differing byte {i}: got {} want {}",
+                got[i], want[i]
+            );
         }
     }
 }

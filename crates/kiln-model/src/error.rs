@@ -73,6 +73,9 @@ pub enum ModelError {
 
 impl ModelError {
     pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
-        Self::Io { path: path.to_path_buf(), source }
+        Self::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 }

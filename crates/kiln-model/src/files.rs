@@ -69,9 +69,19 @@ impl ModelFiles {
         let json = read_json(&config_path)?;
         let config = config_from_hf_json(&config_path, &json)?;
         let gen_path = dir.join("generation_config.json");
-        let generation = if gen_path.is_file() { generation_defaults(&read_json(&gen_path)?) } else { GenerationDefaults::default() };
+        let generation = if gen_path.is_file() {
+            generation_defaults(&read_json(&gen_path)?)
+        } else {
+            GenerationDefaults::default()
+        };
         let source = SafetensorsSource::open(dir)?;
-        Ok(Self { path: dir.into(), format: ModelFormat::HfFolder, config, source: WeightFiles::Safetensors(source), generation })
+        Ok(Self {
+            path: dir.into(),
+            format: ModelFormat::HfFolder,
+            config,
+            source: WeightFiles::Safetensors(source),
+            generation,
+        })
     }
 
     /// The GGUF file, when the model is one.
@@ -102,20 +112,35 @@ pub enum WeightFiles {
 /// Reads and parses a JSON file, naming it in errors.
 pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value, ModelError> {
     let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| ModelError::Config { path: path.into(), field: "(json)".into(), reason: e.to_string() })
+    serde_json::from_str(&text).map_err(|e| ModelError::Config {
+        path: path.into(),
+        field: "(json)".into(),
+        reason: e.to_string(),
+    })
 }
 
 fn generation_defaults(json: &serde_json::Value) -> GenerationDefaults {
     let f = |k: &str| json.get(k).and_then(|v| v.as_f64()).map(|v| v as f32);
     let eos = match json.get("eos_token_id") {
-        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|v| v.as_u64()).filter_map(|v| u32::try_from(v).ok()).collect(),
-        Some(v) => v.as_u64().and_then(|v| u32::try_from(v).ok()).into_iter().collect(),
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|v| v.as_u64())
+            .filter_map(|v| u32::try_from(v).ok())
+            .collect(),
+        Some(v) => v
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok())
+            .into_iter()
+            .collect(),
         None => vec![],
     };
     GenerationDefaults {
         temperature: f("temperature"),
         top_p: f("top_p"),
-        top_k: json.get("top_k").and_then(|v| v.as_u64()).map(|v| v as usize),
+        top_k: json
+            .get("top_k")
+            .and_then(|v| v.as_u64())
+            .map(|v| v as usize),
         repetition_penalty: f("repetition_penalty"),
         eos_token_ids: eos,
     }

@@ -22,17 +22,45 @@ fn run<B: Backend>(backend: &B, folder: &str) -> Outcome {
     let cfg = files.config.clone();
     let model = Model::load(backend, files.tensors(), cfg.clone()).expect("load");
     let inputs = ids(&read_json(&dir.join("inputs.json"))["input_ids"]);
-    let layout = KvLayout { n_layers: cfg.num_layers, n_kv_heads: cfg.num_kv_heads, head_dim: cfg.head_dim, n_slots: 1, capacity: 128 };
+    let layout = KvLayout {
+        n_layers: cfg.num_layers,
+        n_kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+        n_slots: 1,
+        capacity: 128,
+    };
 
     let mut kv = backend.new_kv(layout).expect("kv");
-    let all_logits = model.forward(backend, &mut kv, &inputs, &BatchLayout::single(0, 0, inputs.len()), LogitsWanted::All).expect("forward");
+    let all_logits = model
+        .forward(
+            backend,
+            &mut kv,
+            &inputs,
+            &BatchLayout::single(0, 0, inputs.len()),
+            LogitsWanted::All,
+        )
+        .expect("forward");
 
     // Greedy with the cache: prefill in two chunks (exercises chunked prefill), then one token a step.
     let mut kv = backend.new_kv(layout).expect("kv");
     let split = 17;
-    model.forward(backend, &mut kv, &inputs[..split], &BatchLayout::single(0, 0, split), LogitsWanted::LastOfEach).expect("chunk 1");
+    model
+        .forward(
+            backend,
+            &mut kv,
+            &inputs[..split],
+            &BatchLayout::single(0, 0, split),
+            LogitsWanted::LastOfEach,
+        )
+        .expect("chunk 1");
     let mut logits = model
-        .forward(backend, &mut kv, &inputs[split..], &BatchLayout::single(0, split, inputs.len() - split), LogitsWanted::LastOfEach)
+        .forward(
+            backend,
+            &mut kv,
+            &inputs[split..],
+            &BatchLayout::single(0, split, inputs.len() - split),
+            LogitsWanted::LastOfEach,
+        )
         .expect("chunk 2");
     let (mut greedy, mut step_logits) = (vec![], vec![]);
     for step in 0..20 {
@@ -43,9 +71,21 @@ fn run<B: Backend>(backend: &B, folder: &str) -> Outcome {
             break;
         }
         let pos = inputs.len() + step;
-        logits = model.forward(backend, &mut kv, &[next], &BatchLayout::single(0, pos, 1), LogitsWanted::LastOfEach).expect("decode");
+        logits = model
+            .forward(
+                backend,
+                &mut kv,
+                &[next],
+                &BatchLayout::single(0, pos, 1),
+                LogitsWanted::LastOfEach,
+            )
+            .expect("decode");
     }
-    Outcome { all_logits, greedy, step_logits }
+    Outcome {
+        all_logits,
+        greedy,
+        step_logits,
+    }
 }
 
 fn check(folder: &str, logits_file: &str, greedy_key: &[&str], tol: f32) {
@@ -58,14 +98,26 @@ fn check(folder: &str, logits_file: &str, greedy_key: &[&str], tol: f32) {
         node = &node[*k];
     }
     let want_greedy = ids(node);
-    for (name, out) in [("cpu-dense", run(&CpuBackend::new(CpuOptions { dense: true }), folder)), ("reference", run(&ReferenceBackend, folder))] {
+    for (name, out) in [
+        (
+            "cpu-dense",
+            run(&CpuBackend::new(CpuOptions { dense: true }), folder),
+        ),
+        ("reference", run(&ReferenceBackend, folder)),
+    ] {
         let diff = max_abs_diff(&out.all_logits, &want);
-        assert!(diff <= tol, "{folder}/{name}: logits max abs diff {diff} > {tol}");
+        assert!(
+            diff <= tol,
+            "{folder}/{name}: logits max abs diff {diff} > {tol}"
+        );
         assert_eq!(out.greedy, want_greedy, "{folder}/{name}: greedy differs");
         if logits_file == "logits.f32.npy" {
             let (_, steps) = read_npy_f32(&dir.join("greedy_step_logits.f32.npy"));
             let diff = max_abs_diff(&out.step_logits, &steps);
-            assert!(diff <= tol, "{folder}/{name}: cached decode logits diff {diff} > {tol}");
+            assert!(
+                diff <= tol,
+                "{folder}/{name}: cached decode logits diff {diff} > {tol}"
+            );
         }
     }
 }
@@ -101,7 +153,12 @@ fn gemma3_head_dim_256_matches_transformers() {
 /// exact top-1 ties, so it is checked only loosely below.
 #[test]
 fn llama_bf16_matches_the_upcast_reference() {
-    check("llama-bf16", "logits_upcast_f32.f32.npy", &["upcast_f32_reference", "greedy_ids"], 1e-4);
+    check(
+        "llama-bf16",
+        "logits_upcast_f32.f32.npy",
+        &["upcast_f32_reference", "greedy_ids"],
+        1e-4,
+    );
 }
 
 /// Against transformers' native bf16 compute the bound is what transformers' own f32 run of the
@@ -114,7 +171,10 @@ fn llama_bf16_is_as_near_native_bf16_as_transformers_f32() {
     let bound = max_abs_diff(&upcast, &native) + 1e-3;
     let out = run(&CpuBackend::new(CpuOptions { dense: true }), "llama-bf16");
     let diff = max_abs_diff(&out.all_logits, &native);
-    assert!(diff <= bound, "bf16: max abs diff {diff} against native bf16 compute, bound {bound}");
+    assert!(
+        diff <= bound,
+        "bf16: max abs diff {diff} against native bf16 compute, bound {bound}"
+    );
 }
 
 #[test]

@@ -44,7 +44,7 @@ pub struct Sampler {
     /// Copy of `lp` that the filters cut down.
     work: Vec<f32>,
     /// Ordering scratch for top_p / min_p / top_k.
-    idx: Vec<u32>,
+    idx: Vec<u64>,
     /// Per-token occurrence counts for the penalties; all zeros between uses.
     counts: Vec<u32>,
 }
@@ -110,10 +110,20 @@ impl Sampler {
             processors::apply_frequency_penalty(logits, w, p.frequency_penalty, &mut self.counts);
         }
 
-        filters::log_softmax(logits, &mut self.lp);
-
         let mut rng = rng::StepRng::new(p.seed, self.step);
         self.step = self.step.wrapping_add(1);
+
+        // Greedy decoding without logprobs never needs the normalised distribution: the argmax
+        // of the logits is the argmax of the log-probabilities.
+        if p.temperature == 0.0 && !p.wants_logprobs() {
+            return SampledToken {
+                id: filters::argmax(logits),
+                logprob: None,
+                top_logprobs: Vec::new(),
+            };
+        }
+
+        filters::log_softmax(logits, &mut self.lp);
 
         let id = if n == 0 {
             0
@@ -141,12 +151,16 @@ impl Sampler {
                 filters::top_k(&mut self.work, &mut self.idx, p.top_k);
             }
             let u = rng.categorical_uniform();
-            filters::categorical(&self.work, p.temperature, u)
+            filters::categorical(&mut self.work, p.temperature, u)
                 .unwrap_or_else(|| filters::argmax(&self.lp))
         };
 
         let (logprob, top_logprobs) = if p.wants_logprobs() {
-            let lp = self.lp.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY);
+            let lp = self
+                .lp
+                .get(id as usize)
+                .copied()
+                .unwrap_or(f32::NEG_INFINITY);
             (Some(lp), filters::top_entries(&self.lp, p.top_logprobs))
         } else {
             (None, Vec::new())
@@ -220,7 +234,9 @@ mod tests {
     fn set_step_replays() {
         let logits = vec![0.0f32; 20];
         let mut s = Sampler::new(params(1.0, 9), vec![]).expect("valid");
-        let first: Vec<u32> = (0..5).map(|_| s.sample(&mut logits.clone(), &[]).id).collect();
+        let first: Vec<u32> = (0..5)
+            .map(|_| s.sample(&mut logits.clone(), &[]).id)
+            .collect();
         s.set_step(2);
         assert_eq!(s.step(), 2);
         assert_eq!(s.sample(&mut logits.clone(), &[]).id, first[2]);
@@ -270,7 +286,10 @@ mod tests {
         // At T = 0.5 the odds square: 0.8/0.2 becomes 0.64/0.04 → p0 = 16/17 ≈ 0.941.
         let logits = ln(&[0.8, 0.2]);
         let n = 10_000;
-        let zeros = run(params(0.5, 3), &logits, n).iter().filter(|&&t| t == 0).count();
+        let zeros = run(params(0.5, 3), &logits, n)
+            .iter()
+            .filter(|&&t| t == 0)
+            .count();
         let p0 = zeros as f64 / n as f64;
         assert!((p0 - 16.0 / 17.0).abs() < 0.015, "{p0}");
     }
@@ -421,10 +440,7 @@ mod tests {
         };
         let d = SamplingParams::default;
         assert_eq!(
-            bad(SamplingParams {
-                min_p: 1.5,
-                ..d()
-            }),
+            bad(SamplingParams { min_p: 1.5, ..d() }),
             "min_p must be in [0, 1]"
         );
         assert_eq!(
@@ -434,16 +450,20 @@ mod tests {
             }),
             "top_p must be in [0, 1]"
         );
-        assert!(bad(SamplingParams {
-            temperature: -1.0,
-            ..d()
-        })
-        .starts_with("temperature"));
-        assert!(bad(SamplingParams {
-            min_tokens_to_keep: 0,
-            ..d()
-        })
-        .starts_with("min_tokens_to_keep"));
+        assert!(
+            bad(SamplingParams {
+                temperature: -1.0,
+                ..d()
+            })
+            .starts_with("temperature")
+        );
+        assert!(
+            bad(SamplingParams {
+                min_tokens_to_keep: 0,
+                ..d()
+            })
+            .starts_with("min_tokens_to_keep")
+        );
         assert_eq!(
             bad(SamplingParams {
                 xtc_threshold: 0.6,
@@ -451,31 +471,41 @@ mod tests {
             }),
             "xtc_threshold must be in [0, 0.5]"
         );
-        assert!(bad(SamplingParams {
-            xtc_probability: 2.0,
-            ..d()
-        })
-        .starts_with("xtc_probability"));
-        assert!(bad(SamplingParams {
-            repetition_penalty: -0.1,
-            ..d()
-        })
-        .starts_with("repetition_penalty"));
-        assert!(bad(SamplingParams {
-            presence_penalty: f32::INFINITY,
-            ..d()
-        })
-        .starts_with("presence_penalty"));
-        assert!(bad(SamplingParams {
-            frequency_penalty: f32::NAN,
-            ..d()
-        })
-        .starts_with("frequency_penalty"));
-        assert!(bad(SamplingParams {
-            logit_bias: vec![(3, f32::NAN)],
-            ..d()
-        })
-        .starts_with("logit_bias"));
+        assert!(
+            bad(SamplingParams {
+                xtc_probability: 2.0,
+                ..d()
+            })
+            .starts_with("xtc_probability")
+        );
+        assert!(
+            bad(SamplingParams {
+                repetition_penalty: -0.1,
+                ..d()
+            })
+            .starts_with("repetition_penalty")
+        );
+        assert!(
+            bad(SamplingParams {
+                presence_penalty: f32::INFINITY,
+                ..d()
+            })
+            .starts_with("presence_penalty")
+        );
+        assert!(
+            bad(SamplingParams {
+                frequency_penalty: f32::NAN,
+                ..d()
+            })
+            .starts_with("frequency_penalty")
+        );
+        assert!(
+            bad(SamplingParams {
+                logit_bias: vec![(3, f32::NAN)],
+                ..d()
+            })
+            .starts_with("logit_bias")
+        );
         assert_eq!(
             bad(SamplingParams {
                 top_logprobs: 12,

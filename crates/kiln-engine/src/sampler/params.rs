@@ -116,10 +116,14 @@ impl SamplingParams {
             return Err(invalid("frequency_penalty must be a finite number"));
         }
         if let Some((id, _)) = self.logit_bias.iter().find(|(_, b)| !b.is_finite()) {
-            return Err(invalid(format!("logit_bias for token {id} must be a finite number")));
+            return Err(invalid(format!(
+                "logit_bias for token {id} must be a finite number"
+            )));
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
-            return Err(invalid(format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}")));
+            return Err(invalid(format!(
+                "top_logprobs must be at most {MAX_TOP_LOGPROBS}"
+            )));
         }
         Ok(())
     }
@@ -127,7 +131,11 @@ impl SamplingParams {
     /// [`validate`](Self::validate) plus checks that need the model's vocabulary size.
     pub fn validate_for_vocab(&self, vocab_size: usize) -> Result<(), SamplerError> {
         self.validate()?;
-        if let Some((id, _)) = self.logit_bias.iter().find(|(id, _)| *id as usize >= vocab_size) {
+        if let Some((id, _)) = self
+            .logit_bias
+            .iter()
+            .find(|(id, _)| *id as usize >= vocab_size)
+        {
             return Err(invalid(format!(
                 "logit_bias token {id} is out of range for a vocabulary of {vocab_size}"
             )));
@@ -138,7 +146,9 @@ impl SamplingParams {
     /// Whether any logits processor (bias or penalty) is active, i.e. whether the caller must
     /// keep a token history for [`Sampler::sample`](super::Sampler::sample).
     pub fn needs_history(&self) -> bool {
-        self.repetition_penalty != 0.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+        self.repetition_penalty != 0.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
     }
 
     /// Whether the caller asked for any log-probability output.

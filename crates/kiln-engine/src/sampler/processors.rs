@@ -33,11 +33,11 @@ fn for_each_distinct(tokens: &[u32], counts: &mut [u32], mut f: impl FnMut(usize
     }
     for &t in tokens {
         let t = t as usize;
-        if let Some(c) = counts.get_mut(t) {
-            if *c > 0 {
-                f(t, *c);
-                *c = 0;
-            }
+        if let Some(c) = counts.get_mut(t)
+            && *c > 0
+        {
+            f(t, *c);
+            *c = 0;
         }
     }
 }
@@ -45,7 +45,12 @@ fn for_each_distinct(tokens: &[u32], counts: &mut [u32], mut f: impl FnMut(usize
 /// Repetition penalty: for each distinct token in the window, `l < 0 ? l·p : l/p`.
 ///
 /// Applied once per distinct token because the reference writes the same value for duplicates.
-pub fn apply_repetition_penalty(logits: &mut [f32], tokens: &[u32], penalty: f32, counts: &mut [u32]) {
+pub fn apply_repetition_penalty(
+    logits: &mut [f32],
+    tokens: &[u32],
+    penalty: f32,
+    counts: &mut [u32],
+) {
     for_each_distinct(tokens, counts, |t, _| {
         let l = logits[t];
         logits[t] = if l < 0.0 { l * penalty } else { l / penalty };
@@ -53,12 +58,22 @@ pub fn apply_repetition_penalty(logits: &mut [f32], tokens: &[u32], penalty: f32
 }
 
 /// Presence penalty: `l -= p` once for each distinct token in the window.
-pub fn apply_presence_penalty(logits: &mut [f32], tokens: &[u32], penalty: f32, counts: &mut [u32]) {
+pub fn apply_presence_penalty(
+    logits: &mut [f32],
+    tokens: &[u32],
+    penalty: f32,
+    counts: &mut [u32],
+) {
     for_each_distinct(tokens, counts, |t, _| logits[t] -= penalty);
 }
 
 /// Frequency penalty: `l -= p·count(token in window)`.
-pub fn apply_frequency_penalty(logits: &mut [f32], tokens: &[u32], penalty: f32, counts: &mut [u32]) {
+pub fn apply_frequency_penalty(
+    logits: &mut [f32],
+    tokens: &[u32],
+    penalty: f32,
+    counts: &mut [u32],
+) {
     for_each_distinct(tokens, counts, |t, c| logits[t] -= penalty * c as f32);
 }
 

@@ -78,6 +78,8 @@ pub(crate) fn dot_us8(x_u8: __m256i, y_i8: __m256i) -> __m256 {
 }
 
 /// Signed × signed bytes: move x's sign onto y so `maddubs` (unsigned × signed) applies.
+/// Exact as long as y has no -128 (negating it wraps); the Q8 quantizers only emit ±127,
+/// as in ggml, so hand-built activation blocks must respect that too.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn dot_ss8(x: __m256i, y: __m256i) -> __m256 {
@@ -93,6 +95,9 @@ fn qs16<const OFF: usize, const N: usize>(b: &[u8; N]) -> &[u8; 16] {
 }
 
 /// Q4_0 × Q8_0.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
 #[target_feature(enable = "avx2,fma")]
 pub fn q4_0_q8_0(w: &[[u8; Q4_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
@@ -106,6 +111,9 @@ pub fn q4_0_q8_0(w: &[[u8; Q4_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
 }
 
 /// Q4_1 × Q8_1.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
 #[target_feature(enable = "avx2,fma")]
 pub fn q4_1_q8_1(w: &[[u8; Q4_1_BYTES]], a: &[BlockQ8_1]) -> f32 {
     let mut acc = _mm256_setzero_ps();
@@ -119,6 +127,9 @@ pub fn q4_1_q8_1(w: &[[u8; Q4_1_BYTES]], a: &[BlockQ8_1]) -> f32 {
 }
 
 /// Q5_0 × Q8_0.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
 #[target_feature(enable = "avx2,fma")]
 pub fn q5_0_q8_0(w: &[[u8; Q5_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
@@ -134,6 +145,9 @@ pub fn q5_0_q8_0(w: &[[u8; Q5_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
 }
 
 /// Q5_1 × Q8_1.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
 #[target_feature(enable = "avx2,fma")]
 pub fn q5_1_q8_1(w: &[[u8; Q5_1_BYTES]], a: &[BlockQ8_1]) -> f32 {
     let mut acc = _mm256_setzero_ps();
@@ -150,6 +164,9 @@ pub fn q5_1_q8_1(w: &[[u8; Q5_1_BYTES]], a: &[BlockQ8_1]) -> f32 {
 }
 
 /// Q8_0 × Q8_0.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
 #[target_feature(enable = "avx2,fma")]
 pub fn q8_0_q8_0(w: &[[u8; Q8_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
@@ -195,24 +212,40 @@ macro_rules! float_dot {
 }
 
 /// f32 weights × f32 activations.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
 #[target_feature(enable = "avx2,fma")]
 pub fn f32s_f32(w: &[f32], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     // SAFETY: float_dot only loads at i + 8 <= n.
-    float_dot!(n, x, |i| unsafe { _mm256_loadu_ps(w.as_ptr().add(i)) }, |i| w[i])
+    float_dot!(
+        n,
+        x,
+        |i| unsafe { _mm256_loadu_ps(w.as_ptr().add(i)) },
+        |i| w[i]
+    )
 }
 
 /// f32 weights (little-endian bytes) × f32 activations.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
 #[target_feature(enable = "avx2,fma")]
 pub fn f32_f32(w: &[[u8; 4]], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     let p = w.as_ptr().cast::<f32>();
     // SAFETY: float_dot only loads at i + 8 <= n; loadu has no alignment requirement and x86
     // is little-endian, so the bytes are the floats.
-    float_dot!(n, x, |i| unsafe { _mm256_loadu_ps(p.add(i)) }, |i| f32::from_le_bytes(w[i]))
+    float_dot!(n, x, |i| unsafe { _mm256_loadu_ps(p.add(i)) }, |i| {
+        f32::from_le_bytes(w[i])
+    })
 }
 
 /// f16 weights × f32 activations.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn f16_f32(w: &[[u8; 2]], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
@@ -227,6 +260,9 @@ pub fn f16_f32(w: &[[u8; 2]], x: &[f32]) -> f32 {
 }
 
 /// bf16 weights × f32 activations.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
 #[target_feature(enable = "avx2,fma")]
 pub fn bf16_f32(w: &[[u8; 2]], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());

@@ -35,6 +35,9 @@ fn scales(da: f32, db: f32) -> __m512 {
 }
 
 /// Q4_1 × Q8_1.
+///
+/// # Safety
+/// The CPU must support the [`crate::CpuLevel::Avx512`] feature set.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub fn q4_1_q8_1(w: &[[u8; Q4_1_BYTES]], a: &[BlockQ8_1]) -> f32 {
     let n = w.len().min(a.len());
@@ -61,6 +64,9 @@ pub fn q4_1_q8_1(w: &[[u8; Q4_1_BYTES]], a: &[BlockQ8_1]) -> f32 {
 }
 
 /// Q8_0 × Q8_0.
+///
+/// # Safety
+/// The CPU must support the [`crate::CpuLevel::Avx512`] feature set.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub fn q8_0_q8_0(w: &[[u8; Q8_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
     let n = w.len().min(a.len());

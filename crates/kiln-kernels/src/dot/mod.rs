@@ -45,7 +45,12 @@ pub fn vec_dot_at(
             actual: weight_row.len(),
         });
     }
-    Ok(dot_unchecked(level.clamp_to_hardware(), weight_ty, weight_row, act))
+    Ok(dot_unchecked(
+        level.clamp_to_hardware(),
+        weight_ty,
+        weight_row,
+        act,
+    ))
 }
 
 /// Dispatch without length checks. `level` must not exceed the hardware level (callers pass
@@ -54,10 +59,10 @@ pub fn vec_dot_at(
 #[inline]
 pub(crate) fn dot_unchecked(level: CpuLevel, ty: GgmlType, w: &[u8], act: ActRow<'_>) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if level >= CpuLevel::Avx2 {
-        if let Some(v) = dot_x86(level, ty, w, act) {
-            return v;
-        }
+    if level >= CpuLevel::Avx2
+        && let Some(v) = dot_x86(level, ty, w, act)
+    {
+        return v;
     }
     let _ = level;
     use ActRow as A;

@@ -116,7 +116,8 @@ pub fn random_q8k(rng: &mut Rng, n_blocks: usize, unit: bool) -> Vec<BlockQ8K> {
     (0..n_blocks)
         .map(|_| {
             let qs: [i8; 256] = std::array::from_fn(|_| rng.i8_127());
-            let bsums = std::array::from_fn(|g| qs[g * 16..g * 16 + 16].iter().map(|&q| q as i16).sum());
+            let bsums =
+                std::array::from_fn(|g| qs[g * 16..g * 16 + 16].iter().map(|&q| q as i16).sum());
             BlockQ8K {
                 d: if unit { 1.0 } else { rng.unit() * 0.02 + 1e-4 },
                 qs,

@@ -42,18 +42,35 @@ pub(crate) struct LayerSpec {
     pub sandwich_norms: bool,
 }
 
-pub(crate) fn vector<B: Backend>(b: &B, src: &dyn TensorSource, name: &str, len: usize) -> Result<B::Vector, ModelError> {
+pub(crate) fn vector<B: Backend>(
+    b: &B,
+    src: &dyn TensorSource,
+    name: &str,
+    len: usize,
+) -> Result<B::Vector, ModelError> {
     b.vector(name, require(src, name, 1, len)?)
 }
 
-fn opt_vector<B: Backend>(b: &B, src: &dyn TensorSource, name: &str, len: usize, needed: bool) -> Result<Option<B::Vector>, ModelError> {
+fn opt_vector<B: Backend>(
+    b: &B,
+    src: &dyn TensorSource,
+    name: &str,
+    len: usize,
+    needed: bool,
+) -> Result<Option<B::Vector>, ModelError> {
     if !needed {
         return Ok(None);
     }
     vector(b, src, name, len).map(Some)
 }
 
-pub(crate) fn matrix<B: Backend>(b: &B, src: &dyn TensorSource, name: &str, rows: usize, cols: usize) -> Result<B::Matrix, ModelError> {
+pub(crate) fn matrix<B: Backend>(
+    b: &B,
+    src: &dyn TensorSource,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<B::Matrix, ModelError> {
     b.matrix(name, require(src, name, rows, cols)?)
 }
 
@@ -71,7 +88,11 @@ pub(crate) fn load_layer<B: Backend>(
         let full = format!("{p}.self_attn.{name}.bias");
         match (spec.biases, optional(src, &full, 1, len)?) {
             (_, Some(t)) => b.vector(&full, t).map(Some),
-            (true, None) => Err(ModelError::Tensor { path: src.path().into(), name: full, reason: "missing".into() }),
+            (true, None) => Err(ModelError::Tensor {
+                path: src.path().into(),
+                name: full,
+                reason: "missing".into(),
+            }),
             (false, None) => Ok(None),
         }
     };
@@ -83,23 +104,50 @@ pub(crate) fn load_layer<B: Backend>(
         q_bias: bias("q_proj", qw)?,
         k_bias: bias("k_proj", kvw)?,
         v_bias: bias("v_proj", kvw)?,
-        q_norm: opt_vector(b, src, &format!("{p}.self_attn.q_norm.weight"), hd, spec.qk_norm)?,
-        k_norm: opt_vector(b, src, &format!("{p}.self_attn.k_norm.weight"), hd, spec.qk_norm)?,
+        q_norm: opt_vector(
+            b,
+            src,
+            &format!("{p}.self_attn.q_norm.weight"),
+            hd,
+            spec.qk_norm,
+        )?,
+        k_norm: opt_vector(
+            b,
+            src,
+            &format!("{p}.self_attn.k_norm.weight"),
+            hd,
+            spec.qk_norm,
+        )?,
     };
-    let mlp_norm_name =
-        if spec.sandwich_norms { format!("{p}.pre_feedforward_layernorm.weight") } else { format!("{p}.post_attention_layernorm.weight") };
+    let mlp_norm_name = if spec.sandwich_norms {
+        format!("{p}.pre_feedforward_layernorm.weight")
+    } else {
+        format!("{p}.post_attention_layernorm.weight")
+    };
     let inter = cfg.intermediate_size;
     Ok(Layer {
         attn_norm: vector(b, src, &format!("{p}.input_layernorm.weight"), h)?,
         attn,
-        post_attn_norm: opt_vector(b, src, &format!("{p}.post_attention_layernorm.weight"), h, spec.sandwich_norms)?,
+        post_attn_norm: opt_vector(
+            b,
+            src,
+            &format!("{p}.post_attention_layernorm.weight"),
+            h,
+            spec.sandwich_norms,
+        )?,
         mlp_norm: vector(b, src, &mlp_norm_name, h)?,
         mlp: MlpWeights {
             gate: matrix(b, src, &format!("{p}.mlp.gate_proj.weight"), inter, h)?,
             up: matrix(b, src, &format!("{p}.mlp.up_proj.weight"), inter, h)?,
             down: matrix(b, src, &format!("{p}.mlp.down_proj.weight"), h, inter)?,
         },
-        post_mlp_norm: opt_vector(b, src, &format!("{p}.post_feedforward_layernorm.weight"), h, spec.sandwich_norms)?,
+        post_mlp_norm: opt_vector(
+            b,
+            src,
+            &format!("{p}.post_feedforward_layernorm.weight"),
+            h,
+            spec.sandwich_norms,
+        )?,
     })
 }
 

@@ -6,4 +6,8 @@
 use super::decoder::LayerSpec;
 
 /// Gemma 3's block.
-pub(crate) const SPEC: LayerSpec = LayerSpec { biases: false, qk_norm: true, sandwich_norms: true };
+pub(crate) const SPEC: LayerSpec = LayerSpec {
+    biases: false,
+    qk_norm: true,
+    sandwich_norms: true,
+};

@@ -3,4 +3,8 @@
 use super::decoder::LayerSpec;
 
 /// Llama's block.
-pub(crate) const SPEC: LayerSpec = LayerSpec { biases: false, qk_norm: false, sandwich_norms: false };
+pub(crate) const SPEC: LayerSpec = LayerSpec {
+    biases: false,
+    qk_norm: false,
+    sandwich_norms: false,
+};

@@ -30,7 +30,11 @@ pub struct Model<B: Backend> {
 
 impl<B: Backend> Model<B> {
     /// Loads every weight the architecture needs from `src` onto `backend`.
-    pub fn load(backend: &B, src: &dyn TensorSource, config: ModelConfig) -> Result<Self, ModelError> {
+    pub fn load(
+        backend: &B,
+        src: &dyn TensorSource,
+        config: ModelConfig,
+    ) -> Result<Self, ModelError> {
         let spec = match config.arch {
             Architecture::Llama => &llama::SPEC,
             Architecture::Qwen2 => &qwen2::SPEC,
@@ -103,11 +107,27 @@ impl<B: Backend> Model<B> {
             LogitsWanted::All => (0..tokens.len()).collect(),
             LogitsWanted::LastOfEach => {
                 let mut end = 0;
-                batch.spans.iter().map(|s| { end += s.n_tokens; end - 1 }).collect()
+                batch
+                    .spans
+                    .iter()
+                    .map(|s| {
+                        end += s.n_tokens;
+                        end - 1
+                    })
+                    .collect()
             }
         };
-        let x = if rows.len() == tokens.len() { x } else { b.gather_rows(&x, &rows) };
-        let x = b.rms_norm(&x, &self.norm, self.config.rms_norm_eps, self.config.norm_weight_offset);
+        let x = if rows.len() == tokens.len() {
+            x
+        } else {
+            b.gather_rows(&x, &rows)
+        };
+        let x = b.rms_norm(
+            &x,
+            &self.norm,
+            self.config.rms_norm_eps,
+            self.config.norm_weight_offset,
+        );
         let logits = b.matmul(&x, self.lm_head.as_ref().unwrap_or(&self.embed))?;
         for s in &batch.spans {
             kv.set_seq_len(s.slot, s.start_pos + s.n_tokens);
@@ -115,7 +135,12 @@ impl<B: Backend> Model<B> {
         Ok(b.to_host(&logits))
     }
 
-    fn check_batch(&self, kv: &B::Kv, tokens: &[u32], batch: &BatchLayout) -> Result<(), ModelError> {
+    fn check_batch(
+        &self,
+        kv: &B::Kv,
+        tokens: &[u32],
+        batch: &BatchLayout,
+    ) -> Result<(), ModelError> {
         let layout = kv.layout();
         if tokens.is_empty() || tokens.len() != batch.total_tokens() {
             return Err(ModelError::Forward(format!(
@@ -128,12 +153,17 @@ impl<B: Backend> Model<B> {
             || layout.n_kv_heads != self.config.num_kv_heads
             || layout.head_dim != self.config.head_dim
         {
-            return Err(ModelError::Forward(format!("KV layout {layout:?} does not match the model")));
+            return Err(ModelError::Forward(format!(
+                "KV layout {layout:?} does not match the model"
+            )));
         }
         let mut seen = vec![false; layout.n_slots];
         for s in &batch.spans {
             if s.slot >= layout.n_slots || std::mem::replace(&mut seen[s.slot], true) {
-                return Err(ModelError::Forward(format!("slot {} is out of range or repeated", s.slot)));
+                return Err(ModelError::Forward(format!(
+                    "slot {} is out of range or repeated",
+                    s.slot
+                )));
             }
             if s.n_tokens == 0 || s.start_pos > kv.seq_len(s.slot) {
                 return Err(ModelError::Forward(format!(
@@ -151,8 +181,14 @@ impl<B: Backend> Model<B> {
                 )));
             }
         }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-            return Err(ModelError::Forward(format!("token id {t} is outside the vocabulary of {}", self.config.vocab_size)));
+        if let Some(&t) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(ModelError::Forward(format!(
+                "token id {t} is outside the vocabulary of {}",
+                self.config.vocab_size
+            )));
         }
         Ok(())
     }

@@ -4,4 +4,8 @@
 use super::decoder::LayerSpec;
 
 /// Qwen2's block.
-pub(crate) const SPEC: LayerSpec = LayerSpec { biases: true, qk_norm: false, sandwich_norms: false };
+pub(crate) const SPEC: LayerSpec = LayerSpec {
+    biases: true,
+    qk_norm: false,
+    sandwich_norms: false,
+};

@@ -3,4 +3,8 @@
 use super::decoder::LayerSpec;
 
 /// Qwen3's block.
-pub(crate) const SPEC: LayerSpec = LayerSpec { biases: false, qk_norm: true, sandwich_norms: false };
+pub(crate) const SPEC: LayerSpec = LayerSpec {
+    biases: false,
+    qk_norm: true,
+    sandwich_norms: false,
+};

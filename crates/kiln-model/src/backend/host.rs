@@ -34,7 +34,11 @@ impl HostTensor {
                 self.rows
             )));
         }
-        for (src, dst) in self.bytes.chunks_exact(rb).zip(out.chunks_exact_mut(self.cols)) {
+        for (src, dst) in self
+            .bytes
+            .chunks_exact(rb)
+            .zip(out.chunks_exact_mut(self.cols))
+        {
             kiln_kernels::dequantize_row(self.ty, src, dst)?;
         }
         Ok(out)
@@ -44,7 +48,9 @@ impl HostTensor {
     pub fn permute_rows(&mut self, order: &[usize]) -> Result<(), ModelError> {
         let rb = self.row_bytes()?;
         if order.len() != self.rows || order.iter().any(|&r| r >= self.rows) {
-            return Err(ModelError::Forward("row permutation does not match the tensor".into()));
+            return Err(ModelError::Forward(
+                "row permutation does not match the tensor".into(),
+            ));
         }
         let mut out = Vec::with_capacity(self.bytes.len());
         for &r in order {
@@ -69,7 +75,11 @@ pub struct HostAct {
 impl HostAct {
     /// Zero-filled activations.
     pub fn zeros(rows: usize, cols: usize) -> Self {
-        Self { data: vec![0.0; rows * cols], rows, cols }
+        Self {
+            data: vec![0.0; rows * cols],
+            rows,
+            cols,
+        }
     }
 
     /// Row `i`.

@@ -35,7 +35,13 @@ pub struct BatchLayout {
 impl BatchLayout {
     /// A batch of one sequence.
     pub fn single(slot: usize, start_pos: usize, n_tokens: usize) -> Self {
-        Self { spans: vec![SeqSpan { slot, start_pos, n_tokens }] }
+        Self {
+            spans: vec![SeqSpan {
+                slot,
+                start_pos,
+                n_tokens,
+            }],
+        }
     }
 
     /// Total tokens over all runs.
@@ -45,7 +51,10 @@ impl BatchLayout {
 
     /// The position of every token, in activation order.
     pub fn positions(&self) -> Vec<usize> {
-        self.spans.iter().flat_map(|s| s.start_pos..s.start_pos + s.n_tokens).collect()
+        self.spans
+            .iter()
+            .flat_map(|s| s.start_pos..s.start_pos + s.n_tokens)
+            .collect()
     }
 }
 
@@ -92,6 +101,17 @@ pub trait KvStore: Send {
     fn allocated_bytes(&self) -> usize;
 }
 
+/// Where forward time went, in nanoseconds, since the last [`Backend::take_profile`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OpProfile {
+    /// Matrix multiplications (projections, MLP, output head).
+    pub matmul_ns: u64,
+    /// Attention (cache writes, scores, softmax, weighted sums).
+    pub attention_ns: u64,
+    /// Everything else the backend timed: embedding, norms, RoPE, activations, adds.
+    pub other_ns: u64,
+}
+
 /// The operation set. Activations are row-major `[tokens, width]`.
 pub trait Backend: Send + Sync {
     /// A weight matrix `[rows = out features, cols = in features]`, possibly quantized.
@@ -113,11 +133,23 @@ pub trait Backend: Send + Sync {
     fn new_kv(&self, layout: KvLayout) -> Result<Self::Kv, ModelError>;
 
     /// Looks up embedding rows, optionally multiplying them by `scale`.
-    fn embed(&self, table: &Self::Matrix, tokens: &[u32], scale: Option<f32>) -> Result<Self::Act, ModelError>;
+    fn embed(
+        &self,
+        table: &Self::Matrix,
+        tokens: &[u32],
+        scale: Option<f32>,
+    ) -> Result<Self::Act, ModelError>;
     /// RMSNorm over each row: `x / rms(x) * (w + offset)`.
     fn rms_norm(&self, x: &Self::Act, w: &Self::Vector, eps: f32, offset: f32) -> Self::Act;
     /// RMSNorm applied to every `head_dim` slice of every row, in place.
-    fn head_rms_norm(&self, x: &mut Self::Act, head_dim: usize, w: &Self::Vector, eps: f32, offset: f32);
+    fn head_rms_norm(
+        &self,
+        x: &mut Self::Act,
+        head_dim: usize,
+        w: &Self::Vector,
+        eps: f32,
+        offset: f32,
+    );
     /// `x · Wᵀ`: `[tokens, cols] → [tokens, rows]`.
     fn matmul(&self, x: &Self::Act, w: &Self::Matrix) -> Result<Self::Act, ModelError>;
     /// Adds a bias to every row.
@@ -144,4 +176,8 @@ pub trait Backend: Send + Sync {
     fn gather_rows(&self, x: &Self::Act, rows: &[usize]) -> Self::Act;
     /// Copies activations to host memory, row-major.
     fn to_host(&self, x: &Self::Act) -> Vec<f32>;
+    /// Returns and clears the time spent per kind of operation, if this backend records it.
+    fn take_profile(&self) -> Option<OpProfile> {
+        None
+    }
 }

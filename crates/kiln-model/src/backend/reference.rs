@@ -57,7 +57,11 @@ impl Backend for ReferenceBackend {
     }
 
     fn matrix(&self, _name: &str, t: HostTensor) -> Result<RefMatrix, ModelError> {
-        Ok(RefMatrix { data: t.to_f32()?, rows: t.rows, cols: t.cols })
+        Ok(RefMatrix {
+            data: t.to_f32()?,
+            rows: t.rows,
+            cols: t.cols,
+        })
     }
 
     fn vector(&self, _name: &str, t: HostTensor) -> Result<Vec<f32>, ModelError> {
@@ -66,18 +70,31 @@ impl Backend for ReferenceBackend {
 
     fn new_kv(&self, layout: KvLayout) -> Result<RefKv, ModelError> {
         let empty = || vec![vec![Vec::new(); layout.n_layers]; layout.n_slots];
-        Ok(RefKv { layout, keys: empty(), values: empty(), lens: vec![0; layout.n_slots] })
+        Ok(RefKv {
+            layout,
+            keys: empty(),
+            values: empty(),
+            lens: vec![0; layout.n_slots],
+        })
     }
 
-    fn embed(&self, table: &RefMatrix, tokens: &[u32], scale: Option<f32>) -> Result<HostAct, ModelError> {
+    fn embed(
+        &self,
+        table: &RefMatrix,
+        tokens: &[u32],
+        scale: Option<f32>,
+    ) -> Result<HostAct, ModelError> {
         let mut out = HostAct::zeros(tokens.len(), table.cols);
         for (i, &t) in tokens.iter().enumerate() {
             let t = t as usize;
             if t >= table.rows {
-                return Err(ModelError::Forward(format!("token id {t} is outside the vocabulary")));
+                return Err(ModelError::Forward(format!(
+                    "token id {t} is outside the vocabulary"
+                )));
             }
             for c in 0..table.cols {
-                out.data[i * table.cols + c] = table.data[t * table.cols + c] * scale.unwrap_or(1.0);
+                out.data[i * table.cols + c] =
+                    table.data[t * table.cols + c] * scale.unwrap_or(1.0);
             }
         }
         Ok(out)
@@ -156,7 +173,10 @@ impl Backend for ReferenceBackend {
         let mut out = HostAct::zeros(q.rows, p.n_heads * hd);
         let mut row = 0;
         for span in &batch.spans {
-            let (keys, values) = (&mut kv.keys[span.slot][layer], &mut kv.values[span.slot][layer]);
+            let (keys, values) = (
+                &mut kv.keys[span.slot][layer],
+                &mut kv.values[span.slot][layer],
+            );
             keys.truncate(span.start_pos);
             values.truncate(span.start_pos);
             for t in 0..span.n_tokens {
@@ -172,7 +192,11 @@ impl Backend for ReferenceBackend {
                     let scores: Vec<f64> = (first..=pos)
                         .map(|j| {
                             let kj = &keys[j][kvh * hd..(kvh + 1) * hd];
-                            qh.iter().zip(kj).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * p.scale as f64
+                            qh.iter()
+                                .zip(kj)
+                                .map(|(a, b)| *a as f64 * *b as f64)
+                                .sum::<f64>()
+                                * p.scale as f64
                         })
                         .collect();
                     let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -199,7 +223,10 @@ impl Backend for ReferenceBackend {
             let a = match act {
                 Activation::Silu => x / (1.0 + (-x).exp()),
                 Activation::GeluTanh => {
-                    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+                    0.5 * x
+                        * (1.0
+                            + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x))
+                                .tanh())
                 }
             };
             *g = (a * *u as f64) as f32;
@@ -214,7 +241,11 @@ impl Backend for ReferenceBackend {
     }
 
     fn gather_rows(&self, x: &HostAct, rows: &[usize]) -> HostAct {
-        HostAct { data: rows.iter().flat_map(|&r| x.row(r).to_vec()).collect(), rows: rows.len(), cols: x.cols }
+        HostAct {
+            data: rows.iter().flat_map(|&r| x.row(r).to_vec()).collect(),
+            rows: rows.len(),
+            cols: x.cols,
+        }
     }
 
     fn to_host(&self, x: &HostAct) -> Vec<f32> {

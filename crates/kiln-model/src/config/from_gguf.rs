@@ -18,7 +18,11 @@ struct Meta<'a> {
 
 impl Meta<'_> {
     fn err(&self, key: &str, reason: impl Into<String>) -> ModelError {
-        ModelError::Config { path: self.path.to_path_buf(), field: key.into(), reason: reason.into() }
+        ModelError::Config {
+            path: self.path.to_path_buf(),
+            field: key.into(),
+            reason: reason.into(),
+        }
     }
 
     fn opt_usize(&self, suffix: &str) -> Result<Option<usize>, ModelError> {
@@ -29,24 +33,33 @@ impl Meta<'_> {
                 .as_u64()
                 .and_then(|n| usize::try_from(n).ok())
                 .map(Some)
-                .ok_or_else(|| self.err(&key, format!("expected an unsigned integer, found {v:?}"))),
+                .ok_or_else(|| {
+                    self.err(&key, format!("expected an unsigned integer, found {v:?}"))
+                }),
         }
     }
 
     fn usize(&self, suffix: &str) -> Result<usize, ModelError> {
-        self.opt_usize(suffix)?.ok_or_else(|| self.err(&format!("{}.{suffix}", self.prefix), "missing"))
+        self.opt_usize(suffix)?
+            .ok_or_else(|| self.err(&format!("{}.{suffix}", self.prefix), "missing"))
     }
 
     fn opt_f32(&self, suffix: &str) -> Result<Option<f32>, ModelError> {
         let key = format!("{}.{suffix}", self.prefix);
         match self.header.get(&key) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(|f| Some(f as f32)).ok_or_else(|| self.err(&key, format!("expected a number, found {v:?}"))),
+            Some(v) => v
+                .as_f64()
+                .map(|f| Some(f as f32))
+                .ok_or_else(|| self.err(&key, format!("expected a number, found {v:?}"))),
         }
     }
 
     fn token_id(&self, key: &str) -> Option<u32> {
-        self.header.get(key).and_then(|v| v.as_u64()).and_then(|n| u32::try_from(n).ok())
+        self.header
+            .get(key)
+            .and_then(|v| v.as_u64())
+            .and_then(|n| u32::try_from(n).ok())
     }
 }
 
@@ -55,15 +68,28 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
     let arch_name = header
         .get("general.architecture")
         .and_then(|v| v.as_str())
-        .ok_or_else(|| ModelError::Config { path: path.into(), field: "general.architecture".into(), reason: "missing".into() })?;
+        .ok_or_else(|| ModelError::Config {
+            path: path.into(),
+            field: "general.architecture".into(),
+            reason: "missing".into(),
+        })?;
     let arch = match arch_name {
         "llama" | "mistral" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
         "gemma3" => Architecture::Gemma3,
-        other => return Err(ModelError::UnsupportedArchitecture { path: path.into(), arch: other.into() }),
+        other => {
+            return Err(ModelError::UnsupportedArchitecture {
+                path: path.into(),
+                arch: other.into(),
+            });
+        }
     };
-    let m = Meta { path, header, prefix: arch_name };
+    let m = Meta {
+        path,
+        header,
+        prefix: arch_name,
+    };
     let hidden_size = m.usize("embedding_length")?;
     let num_heads = m.usize("attention.head_count")?;
     let num_layers = m.usize("block_count")?;
@@ -73,22 +99,42 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
     };
     let vocab_size = match m.opt_usize("vocab_size")? {
         Some(v) => v,
-        None => header.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).map(|a| a.len()).unwrap_or(0),
+        None => header
+            .get("tokenizer.ggml.tokens")
+            .and_then(|v| v.as_array())
+            .map(|a| a.len())
+            .unwrap_or(0),
     };
     let theta = m.opt_f32("rope.freq_base")?.unwrap_or(10_000.0);
-    let scaling = match header.get(&format!("{arch_name}.rope.scaling.type")).and_then(|v| v.as_str()) {
+    let scaling = match header
+        .get(&format!("{arch_name}.rope.scaling.type"))
+        .and_then(|v| v.as_str())
+    {
         None | Some("none") => RopeScaling::None,
         Some("linear") => RopeScaling::Linear {
-            factor: m.opt_f32("rope.scaling.factor")?.ok_or_else(|| m.err("rope.scaling.factor", "missing"))?,
+            factor: m
+                .opt_f32("rope.scaling.factor")?
+                .ok_or_else(|| m.err("rope.scaling.factor", "missing"))?,
         },
-        Some(other) => return Err(m.err(&format!("{arch_name}.rope.scaling.type"), format!("{other:?} is not supported"))),
+        Some(other) => {
+            return Err(m.err(
+                &format!("{arch_name}.rope.scaling.type"),
+                format!("{other:?} is not supported"),
+            ));
+        }
     };
     let rope_global = RopeConfig { theta, scaling };
     let gemma = arch == Architecture::Gemma3;
     let window = m.opt_usize("attention.sliding_window")?;
     let layer_attention = match (gemma, window) {
         (true, Some(window)) if window > 0 => (0..num_layers)
-            .map(|i| if (i + 1) % GEMMA3_FULL_EVERY == 0 { LayerAttention::Full } else { LayerAttention::Sliding { window } })
+            .map(|i| {
+                if (i + 1) % GEMMA3_FULL_EVERY == 0 {
+                    LayerAttention::Full
+                } else {
+                    LayerAttention::Sliding { window }
+                }
+            })
             .collect(),
         (true, _) => return Err(m.err("gemma3.attention.sliding_window", "missing or zero")),
         _ => vec![LayerAttention::Full; num_layers],
@@ -104,13 +150,23 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
         num_heads,
         num_kv_heads: m.opt_usize("attention.head_count_kv")?.unwrap_or(num_heads),
         head_dim,
-        rms_norm_eps: m.opt_f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
+        rms_norm_eps: m
+            .opt_f32("attention.layer_norm_rms_epsilon")?
+            .unwrap_or(1e-5),
         layer_attention,
         rope_global,
-        rope_local: if gemma { RopeConfig::plain(GEMMA3_LOCAL_ROPE_BASE) } else { rope_global },
+        rope_local: if gemma {
+            RopeConfig::plain(GEMMA3_LOCAL_ROPE_BASE)
+        } else {
+            rope_global
+        },
         max_position_embeddings: m.opt_usize("context_length")?.unwrap_or(4096),
         tie_word_embeddings: header.tensor("output.weight").is_none(),
-        activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
+        activation: if gemma {
+            Activation::GeluTanh
+        } else {
+            Activation::Silu
+        },
         attention_scale: 1.0 / (head_dim as f32).sqrt(),
         attention_bias: header.tensor("blk.0.attn_q.bias").is_some(),
         qk_norm: header.tensor("blk.0.attn_q_norm.weight").is_some(),

@@ -14,11 +14,16 @@ struct Fields<'a> {
 
 impl Fields<'_> {
     fn err(&self, field: &str, reason: impl Into<String>) -> ModelError {
-        ModelError::Config { path: self.path.to_path_buf(), field: field.into(), reason: reason.into() }
+        ModelError::Config {
+            path: self.path.to_path_buf(),
+            field: field.into(),
+            reason: reason.into(),
+        }
     }
 
     fn usize(&self, field: &str) -> Result<usize, ModelError> {
-        self.opt_usize(field)?.ok_or_else(|| self.err(field, "missing"))
+        self.opt_usize(field)?
+            .ok_or_else(|| self.err(field, "missing"))
     }
 
     fn opt_usize(&self, field: &str) -> Result<Option<usize>, ModelError> {
@@ -28,7 +33,9 @@ impl Fields<'_> {
                 .as_u64()
                 .and_then(|n| usize::try_from(n).ok())
                 .map(Some)
-                .ok_or_else(|| self.err(field, format!("expected a non-negative integer, found {v}"))),
+                .ok_or_else(|| {
+                    self.err(field, format!("expected a non-negative integer, found {v}"))
+                }),
         }
     }
 
@@ -45,7 +52,10 @@ impl Fields<'_> {
     fn opt_bool(&self, field: &str) -> Result<Option<bool>, ModelError> {
         match self.json.get(field) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.err(field, format!("expected a bool, found {v}"))),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.err(field, format!("expected a bool, found {v}"))),
         }
     }
 
@@ -57,14 +67,26 @@ impl Fields<'_> {
                 .iter()
                 .map(|v| as_id(v).ok_or_else(|| self.err(field, format!("bad token id {v}"))))
                 .collect(),
-            Some(v) => as_id(v).map(|id| vec![id]).ok_or_else(|| self.err(field, format!("bad token id {v}"))),
+            Some(v) => as_id(v)
+                .map(|id| vec![id])
+                .ok_or_else(|| self.err(field, format!("bad token id {v}"))),
         }
     }
 }
 
 /// Reads a RoPE block (`rope_parameters` or legacy `rope_scaling`) plus a fallback theta.
-fn rope_from(f: &Fields<'_>, block: Option<&Value>, fallback_theta: Option<f32>, field: &str) -> Result<RopeConfig, ModelError> {
-    let get = |k: &str| block.and_then(|b| b.get(k)).and_then(Value::as_f64).map(|v| v as f32);
+fn rope_from(
+    f: &Fields<'_>,
+    block: Option<&Value>,
+    fallback_theta: Option<f32>,
+    field: &str,
+) -> Result<RopeConfig, ModelError> {
+    let get = |k: &str| {
+        block
+            .and_then(|b| b.get(k))
+            .and_then(Value::as_f64)
+            .map(|v| v as f32)
+    };
     let theta = get("rope_theta").or(fallback_theta).unwrap_or(10_000.0);
     let rope_type = block
         .and_then(|b| b.get("rope_type").or_else(|| b.get("type")))
@@ -73,14 +95,21 @@ fn rope_from(f: &Fields<'_>, block: Option<&Value>, fallback_theta: Option<f32>,
     let need = |k: &str| get(k).ok_or_else(|| f.err(&format!("{field}.{k}"), "missing"));
     let scaling = match rope_type {
         "default" => RopeScaling::None,
-        "linear" => RopeScaling::Linear { factor: need("factor")? },
+        "linear" => RopeScaling::Linear {
+            factor: need("factor")?,
+        },
         "llama3" => RopeScaling::Llama3 {
             factor: need("factor")?,
             low_freq_factor: need("low_freq_factor")?,
             high_freq_factor: need("high_freq_factor")?,
             original_max_position_embeddings: need("original_max_position_embeddings")?,
         },
-        other => return Err(f.err(&format!("{field}.rope_type"), format!("rope type {other:?} is not supported"))),
+        other => {
+            return Err(f.err(
+                &format!("{field}.rope_type"),
+                format!("rope type {other:?} is not supported"),
+            ));
+        }
     };
     Ok(RopeConfig { theta, scaling })
 }
@@ -94,7 +123,12 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
         "gemma3_text" | "gemma3" => Architecture::Gemma3,
-        other => return Err(ModelError::UnsupportedArchitecture { path: path.into(), arch: other.into() }),
+        other => {
+            return Err(ModelError::UnsupportedArchitecture {
+                path: path.into(),
+                arch: other.into(),
+            });
+        }
     };
     // Gemma 3 multimodal configs nest the language model.
     if model_type == "gemma3" {
@@ -119,9 +153,19 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
     let legacy_theta = f.opt_f32("rope_theta")?;
     let (rope_global, rope_local) = match params {
         Some(p) if p.get("full_attention").is_some() => {
-            let global = rope_from(&f, p.get("full_attention"), legacy_theta, "rope_parameters.full_attention")?;
+            let global = rope_from(
+                &f,
+                p.get("full_attention"),
+                legacy_theta,
+                "rope_parameters.full_attention",
+            )?;
             let local_theta = f.opt_f32("rope_local_base_freq")?;
-            let local = rope_from(&f, p.get("sliding_attention"), local_theta, "rope_parameters.sliding_attention")?;
+            let local = rope_from(
+                &f,
+                p.get("sliding_attention"),
+                local_theta,
+                "rope_parameters.sliding_attention",
+            )?;
             (global, local)
         }
         Some(p) => {
@@ -147,9 +191,17 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
     let activation = match act_name {
         "silu" | "swish" => Activation::Silu,
         "gelu_pytorch_tanh" | "gelu_tanh" | "gelu" => Activation::GeluTanh,
-        other => return Err(f.err("hidden_act", format!("activation {other:?} is not supported"))),
+        other => {
+            return Err(f.err(
+                "hidden_act",
+                format!("activation {other:?} is not supported"),
+            ));
+        }
     };
-    let query_scale = f.opt_f32("query_pre_attn_scalar")?.filter(|_| gemma).unwrap_or(head_dim as f32);
+    let query_scale = f
+        .opt_f32("query_pre_attn_scalar")?
+        .filter(|_| gemma)
+        .unwrap_or(head_dim as f32);
     let cfg = ModelConfig {
         arch,
         vocab_size: f.usize("vocab_size")?,
@@ -167,7 +219,8 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
         tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(gemma),
         activation,
         attention_scale: 1.0 / query_scale.sqrt(),
-        attention_bias: arch == Architecture::Qwen2 || f.opt_bool("attention_bias")?.unwrap_or(false),
+        attention_bias: arch == Architecture::Qwen2
+            || f.opt_bool("attention_bias")?.unwrap_or(false),
         qk_norm: matches!(arch, Architecture::Qwen3 | Architecture::Gemma3),
         norm_weight_offset: if gemma { 1.0 } else { 0.0 },
         embedding_scale: gemma.then(|| (hidden_size as f32).sqrt()),
@@ -186,10 +239,18 @@ fn merge_model_type(text: &Value, model_type: &str) -> Value {
     v
 }
 
-fn layer_kinds(f: &Fields<'_>, num_layers: usize, window: Option<usize>, arch: Architecture) -> Result<Vec<LayerAttention>, ModelError> {
+fn layer_kinds(
+    f: &Fields<'_>,
+    num_layers: usize,
+    window: Option<usize>,
+    arch: Architecture,
+) -> Result<Vec<LayerAttention>, ModelError> {
     let sliding = |w: Option<usize>| match w {
         Some(window) if window > 0 => Ok(LayerAttention::Sliding { window }),
-        _ => Err(f.err("sliding_window", "sliding layers need a positive sliding_window")),
+        _ => Err(f.err(
+            "sliding_window",
+            "sliding layers need a positive sliding_window",
+        )),
     };
     if let Some(types) = f.json.get("layer_types").and_then(Value::as_array) {
         // `layer_types` is authoritative where present (Gemma 3 writes a stale pattern beside it).
@@ -203,15 +264,32 @@ fn layer_kinds(f: &Fields<'_>, num_layers: usize, window: Option<usize>, arch: A
             .collect();
     }
     if arch == Architecture::Gemma3 {
-        let pattern = f.opt_usize("sliding_window_pattern")?.or(f.opt_usize("_sliding_window_pattern")?).unwrap_or(6);
+        let pattern = f
+            .opt_usize("sliding_window_pattern")?
+            .or(f.opt_usize("_sliding_window_pattern")?)
+            .unwrap_or(6);
         return (0..num_layers)
-            .map(|i| if pattern > 0 && (i + 1) % pattern == 0 { Ok(LayerAttention::Full) } else { sliding(window) })
+            .map(|i| {
+                if pattern > 0 && (i + 1) % pattern == 0 {
+                    Ok(LayerAttention::Full)
+                } else {
+                    sliding(window)
+                }
+            })
             .collect();
     }
-    let use_sliding = f.opt_bool("use_sliding_window")?.unwrap_or(arch == Architecture::Llama);
+    let use_sliding = f
+        .opt_bool("use_sliding_window")?
+        .unwrap_or(arch == Architecture::Llama);
     match window {
         // Mistral-style configs apply the window to every layer; Qwen gates it behind a flag.
-        Some(w) if use_sliding && w > 0 && w < f.opt_usize("max_position_embeddings")?.unwrap_or(usize::MAX) => {
+        Some(w)
+            if use_sliding
+                && w > 0
+                && w < f
+                    .opt_usize("max_position_embeddings")?
+                    .unwrap_or(usize::MAX) =>
+        {
             Ok(vec![LayerAttention::Sliding { window: w }; num_layers])
         }
         _ => Ok(vec![LayerAttention::Full; num_layers]),

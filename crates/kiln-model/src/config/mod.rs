@@ -148,7 +148,10 @@ impl ModelConfig {
             ));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
-            return Err(format!("rms_norm_eps {} is not a finite non-negative number", self.rms_norm_eps));
+            return Err(format!(
+                "rms_norm_eps {} is not a finite non-negative number",
+                self.rms_norm_eps
+            ));
         }
         for r in [&self.rope_global, &self.rope_local] {
             r.validate()?;

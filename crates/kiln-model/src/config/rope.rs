@@ -35,22 +35,32 @@ pub struct RopeConfig {
 impl RopeConfig {
     /// Plain RoPE with base `theta`.
     pub fn plain(theta: f32) -> Self {
-        Self { theta, scaling: RopeScaling::None }
+        Self {
+            theta,
+            scaling: RopeScaling::None,
+        }
     }
 
     pub(crate) fn validate(&self) -> Result<(), String> {
         if !(self.theta.is_finite() && self.theta > 1.0) {
-            return Err(format!("rope_theta {} must be a finite number above 1", self.theta));
+            return Err(format!(
+                "rope_theta {} must be a finite number above 1",
+                self.theta
+            ));
         }
         let factor_ok = |f: f32| f.is_finite() && f > 0.0;
         match self.scaling {
             RopeScaling::None => Ok(()),
             RopeScaling::Linear { factor } if factor_ok(factor) => Ok(()),
-            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }
-                if factor_ok(factor)
-                    && factor_ok(low_freq_factor)
-                    && high_freq_factor > low_freq_factor
-                    && factor_ok(original_max_position_embeddings) =>
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } if factor_ok(factor)
+                && factor_ok(low_freq_factor)
+                && high_freq_factor > low_freq_factor
+                && factor_ok(original_max_position_embeddings) =>
             {
                 Ok(())
             }
@@ -71,7 +81,12 @@ impl RopeConfig {
         match self.scaling {
             RopeScaling::None => {}
             RopeScaling::Linear { factor } => freqs.iter_mut().for_each(|f| *f /= factor),
-            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
                 let low_wavelen = original_max_position_embeddings / low_freq_factor;
                 let high_wavelen = original_max_position_embeddings / high_freq_factor;
                 for f in freqs.iter_mut() {

@@ -124,14 +124,23 @@ impl GgufHeader {
         }
         let header_end = r.position() as u64;
         let data_offset = header_end.div_ceil(alignment) * alignment;
-        let data_len = file_len.checked_sub(data_offset).ok_or_else(|| GgufError::Invalid {
-            field: "data section".into(),
-            reason: format!("starts at {data_offset}, past the end of the {file_len}-byte file"),
-        })?;
+        let data_len = file_len
+            .checked_sub(data_offset)
+            .ok_or_else(|| GgufError::Invalid {
+                field: "data section".into(),
+                reason: format!(
+                    "starts at {data_offset}, past the end of the {file_len}-byte file"
+                ),
+            })?;
         for t in &tensors {
             check_tensor_range(t, alignment, data_len)?;
         }
-        Ok(Self { version, metadata, tensors, data_offset })
+        Ok(Self {
+            version,
+            metadata,
+            tensors,
+            data_offset,
+        })
     }
 
     /// A metadata value by key.
@@ -158,12 +167,13 @@ fn read_tensor_info(r: &mut Reader<'_>, index: usize) -> Result<GgufTensorInfo, 
     let mut elems: u64 = 1;
     for d in 0..n_dims {
         let dim = r.u64(&format!("{name}: dims[{d}]"))?;
-        elems = elems.checked_mul(dim).filter(|&e| e > 0 && e < (1 << 40)).ok_or_else(|| {
-            GgufError::Invalid {
+        elems = elems
+            .checked_mul(dim)
+            .filter(|&e| e > 0 && e < (1 << 40))
+            .ok_or_else(|| GgufError::Invalid {
                 field: format!("{name}: dims"),
                 reason: format!("dimension {dim} makes the element count zero or absurd"),
-            }
-        })?;
+            })?;
         dims.push(dim);
     }
     let type_id = r.u32(&format!("{name}: type"))?;
@@ -173,16 +183,26 @@ fn read_tensor_info(r: &mut Reader<'_>, index: usize) -> Result<GgufTensorInfo, 
     })?;
     let offset = r.u64(&format!("{name}: offset"))?;
     // Rows are dims[0] long; a quantized row must hold whole blocks.
-    let row_bytes = ty.row_bytes(dims[0] as usize).map_err(|e| GgufError::Invalid {
-        field: format!("{name}: dims[0]"),
-        reason: e.to_string(),
-    })?;
+    let row_bytes = ty
+        .row_bytes(dims[0] as usize)
+        .map_err(|e| GgufError::Invalid {
+            field: format!("{name}: dims[0]"),
+            reason: e.to_string(),
+        })?;
     let rows = elems / dims[0];
-    let size_bytes = (row_bytes as u64).checked_mul(rows).ok_or_else(|| GgufError::Invalid {
-        field: format!("{name}: size"),
-        reason: "byte size overflows".into(),
-    })?;
-    Ok(GgufTensorInfo { name, dims, ty, offset, size_bytes })
+    let size_bytes = (row_bytes as u64)
+        .checked_mul(rows)
+        .ok_or_else(|| GgufError::Invalid {
+            field: format!("{name}: size"),
+            reason: "byte size overflows".into(),
+        })?;
+    Ok(GgufTensorInfo {
+        name,
+        dims,
+        ty,
+        offset,
+        size_bytes,
+    })
 }
 
 fn check_tensor_range(t: &GgufTensorInfo, alignment: u64, data_len: u64) -> Result<(), GgufError> {
@@ -217,10 +237,19 @@ impl GgufFile {
         let file = std::fs::File::open(path).map_err(|e| crate::ModelError::io(path, e))?;
         // SAFETY: the map is read-only; kiln never writes model files while they are loaded, and a
         // file truncated underneath us is the same hazard every mmap-based loader accepts.
-        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| crate::ModelError::io(path, e))?;
-        let header = GgufHeader::parse(&mmap, mmap.len() as u64)
-            .map_err(|source| crate::ModelError::Gguf { path: path.to_path_buf(), source })?;
-        Ok(Self { path: path.to_path_buf(), header, mmap })
+        let mmap =
+            unsafe { memmap2::Mmap::map(&file) }.map_err(|e| crate::ModelError::io(path, e))?;
+        let header = GgufHeader::parse(&mmap, mmap.len() as u64).map_err(|source| {
+            crate::ModelError::Gguf {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            header,
+            mmap,
+        })
     }
 
     /// The file's path.

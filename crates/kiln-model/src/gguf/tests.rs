@@ -11,7 +11,13 @@ pub(crate) struct GgufBuilder {
 
 impl GgufBuilder {
     pub(crate) fn new() -> Self {
-        Self { kv: vec![], kv_count: 0, infos: vec![], tensor_count: 0, data: vec![] }
+        Self {
+            kv: vec![],
+            kv_count: 0,
+            infos: vec![],
+            tensor_count: 0,
+            data: vec![],
+        }
     }
 
     fn put_str(buf: &mut Vec<u8>, s: &str) {
@@ -99,9 +105,15 @@ fn parses_a_well_formed_file() {
     let bytes = sample();
     let h = parse(&bytes).expect("valid file");
     assert_eq!(h.version, 3);
-    assert_eq!(h.get("general.architecture").and_then(|v| v.as_str()), Some("llama"));
+    assert_eq!(
+        h.get("general.architecture").and_then(|v| v.as_str()),
+        Some("llama")
+    );
     assert_eq!(h.get("llama.block_count").and_then(|v| v.as_u64()), Some(2));
-    let toks = h.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).expect("array");
+    let toks = h
+        .get("tokenizer.ggml.tokens")
+        .and_then(|v| v.as_array())
+        .expect("array");
     assert_eq!(toks.len(), 3);
     let w = h.tensor("w").expect("tensor w");
     assert_eq!(w.dims, vec![4, 2]);
@@ -114,7 +126,10 @@ fn parses_a_well_formed_file() {
 fn every_truncation_is_an_error_not_a_panic() {
     let bytes = sample();
     for len in 0..bytes.len() {
-        assert!(parse(&bytes[..len]).is_err(), "prefix of {len} bytes parsed");
+        assert!(
+            parse(&bytes[..len]).is_err(),
+            "prefix of {len} bytes parsed"
+        );
     }
 }
 
@@ -138,17 +153,29 @@ fn unsupported_version_is_refused() {
 fn absurd_counts_are_refused_before_allocating() {
     let mut bytes = sample();
     bytes[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
-    assert!(parse(&bytes).expect_err("tensor count").to_string().contains("tensor_count"));
+    assert!(
+        parse(&bytes)
+            .expect_err("tensor count")
+            .to_string()
+            .contains("tensor_count")
+    );
     let mut bytes = sample();
     bytes[16..24].copy_from_slice(&(1u64 << 60).to_le_bytes());
-    assert!(parse(&bytes).expect_err("kv count").to_string().contains("kv_count"));
+    assert!(
+        parse(&bytes)
+            .expect_err("kv count")
+            .to_string()
+            .contains("kv_count")
+    );
 }
 
 #[test]
 fn offset_past_the_end_names_the_tensor() {
     let bytes = GgufBuilder::new().f32_tensor("w", &[8], &[0.0; 8]).build();
     // Drop the last 4 bytes of data: the tensor now runs past the end.
-    let err = parse(&bytes[..bytes.len() - 4]).expect_err("short data").to_string();
+    let err = parse(&bytes[..bytes.len() - 4])
+        .expect_err("short data")
+        .to_string();
     assert!(err.contains("w: offset"), "{err}");
 }
 
@@ -159,16 +186,31 @@ fn absurd_dims_and_unknown_types_are_refused() {
     let dim_at = 24 + 9 + 4;
     let mut bytes = good.clone();
     bytes[dim_at..dim_at + 8].copy_from_slice(&(1u64 << 50).to_le_bytes());
-    assert!(parse(&bytes).expect_err("dims").to_string().contains("w: dims"));
+    assert!(
+        parse(&bytes)
+            .expect_err("dims")
+            .to_string()
+            .contains("w: dims")
+    );
     let mut bytes = good.clone();
     bytes[dim_at..dim_at + 8].copy_from_slice(&0u64.to_le_bytes());
     assert!(parse(&bytes).is_err());
     let mut bytes = good.clone();
     bytes[dim_at + 8..dim_at + 12].copy_from_slice(&77u32.to_le_bytes());
-    assert!(parse(&bytes).expect_err("type").to_string().contains("w: type"));
+    assert!(
+        parse(&bytes)
+            .expect_err("type")
+            .to_string()
+            .contains("w: type")
+    );
     let mut bytes = good;
     bytes[24 + 9..24 + 13].copy_from_slice(&9u32.to_le_bytes());
-    assert!(parse(&bytes).expect_err("n_dims").to_string().contains("n_dims"));
+    assert!(
+        parse(&bytes)
+            .expect_err("n_dims")
+            .to_string()
+            .contains("n_dims")
+    );
 }
 
 #[test]
@@ -176,7 +218,12 @@ fn unknown_metadata_type_is_refused() {
     let mut bytes = GgufBuilder::new().kv_u32("k", 1).build();
     // key "k": 8 + 1 bytes after the preamble, then the type.
     bytes[24 + 9..24 + 13].copy_from_slice(&99u32.to_le_bytes());
-    assert!(parse(&bytes).expect_err("type").to_string().contains("unknown metadata value type"));
+    assert!(
+        parse(&bytes)
+            .expect_err("type")
+            .to_string()
+            .contains("unknown metadata value type")
+    );
 }
 
 #[test]

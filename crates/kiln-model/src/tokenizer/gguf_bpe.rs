@@ -11,13 +11,23 @@ use crate::ModelError;
 use crate::gguf::MetaValue;
 
 /// Builds the byte-level BPE tokenizer, its pre-tokenizer chosen by `tokenizer.ggml.pre`.
-pub(super) fn build(vocab: &GgufVocab, meta: &BTreeMap<String, MetaValue>) -> Result<KilnTokenizer, ModelError> {
-    let merges = string_array(meta, "tokenizer.ggml.merges")?
-        .ok_or_else(|| ModelError::Tokenizer("gpt2 tokenizer without tokenizer.ggml.merges".into()))?;
+pub(super) fn build(
+    vocab: &GgufVocab,
+    meta: &BTreeMap<String, MetaValue>,
+) -> Result<KilnTokenizer, ModelError> {
+    let merges = string_array(meta, "tokenizer.ggml.merges")?.ok_or_else(|| {
+        ModelError::Tokenizer("gpt2 tokenizer without tokenizer.ggml.merges".into())
+    })?;
     let merges = parse_merges(&merges)?;
-    let pre = meta.get("tokenizer.ggml.pre").and_then(MetaValue::as_str).unwrap_or("");
+    let pre = meta
+        .get("tokenizer.ggml.pre")
+        .and_then(MetaValue::as_str)
+        .unwrap_or("");
     let spec = pretok::spec_for(pre).unwrap_or_else(|| {
-        tracing::warn!(pre, "unknown tokenizer.ggml.pre; using GPT-2's pre-tokenizer, tokenization may differ");
+        tracing::warn!(
+            pre,
+            "unknown tokenizer.ggml.pre; using GPT-2's pre-tokenizer, tokenization may differ"
+        );
         pretok::spec_for("gpt-2").unwrap_or(pretok::PreTokenizerSpec {
             regexes: Vec::new(),
             ignore_merges: false,
@@ -39,7 +49,13 @@ pub(super) fn build(vocab: &GgufVocab, meta: &BTreeMap<String, MetaValue>) -> Re
     if add_bos {
         super::special::bos_post_processor(&mut tok, vocab)?;
     }
-    Ok(KilnTokenizer::new(tok, vocab.bos_id, vocab.eog_ids(), add_bos, vocab.tokens.len()))
+    Ok(KilnTokenizer::new(
+        tok,
+        vocab.bos_id,
+        vocab.eog_ids(),
+        add_bos,
+        vocab.tokens.len(),
+    ))
 }
 
 /// Token → id, keeping the first id of a string that occurs twice (some GGUFs repeat padding
@@ -55,7 +71,10 @@ pub(super) fn vocab_map(tokens: &[String]) -> Vocab {
         }
     }
     if dups > 0 {
-        tracing::warn!(dups, "GGUF vocabulary repeats token strings; the first id of each is used");
+        tracing::warn!(
+            dups,
+            "GGUF vocabulary repeats token strings; the first id of each is used"
+        );
     }
     map
 }
@@ -72,7 +91,11 @@ fn parse_merges(merges: &[String]) -> Result<Merges, ModelError> {
                 .get(first_len..)
                 .and_then(|rest| rest.find(' '))
                 .map(|p| p + first_len)
-                .ok_or_else(|| ModelError::Tokenizer(format!("tokenizer.ggml.merges[{i}] = {m:?} has no space")))?;
+                .ok_or_else(|| {
+                    ModelError::Tokenizer(format!(
+                        "tokenizer.ggml.merges[{i}] = {m:?} has no space"
+                    ))
+                })?;
             Ok((m[..pos].to_string(), m[pos + 1..].to_string()))
         })
         .collect()

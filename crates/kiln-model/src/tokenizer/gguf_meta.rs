@@ -53,9 +53,14 @@ impl GgufVocab {
         let types = match meta.get("tokenizer.ggml.token_type") {
             None => vec![token_type::NORMAL; n],
             Some(v) => {
-                let arr = v.as_array().ok_or_else(|| bad("tokenizer.ggml.token_type", "not an array"))?;
+                let arr = v
+                    .as_array()
+                    .ok_or_else(|| bad("tokenizer.ggml.token_type", "not an array"))?;
                 arr.iter()
-                    .map(|t| t.as_i64().ok_or_else(|| bad("tokenizer.ggml.token_type", "not integers")))
+                    .map(|t| {
+                        t.as_i64()
+                            .ok_or_else(|| bad("tokenizer.ggml.token_type", "not integers"))
+                    })
                     .collect::<Result<Vec<_>, _>>()?
             }
         };
@@ -68,13 +73,22 @@ impl GgufVocab {
         let scores = match meta.get("tokenizer.ggml.scores") {
             None => None,
             Some(v) => {
-                let arr = v.as_array().ok_or_else(|| bad("tokenizer.ggml.scores", "not an array"))?;
+                let arr = v
+                    .as_array()
+                    .ok_or_else(|| bad("tokenizer.ggml.scores", "not an array"))?;
                 let s = arr
                     .iter()
-                    .map(|x| x.as_f64().map(|f| f as f32).ok_or_else(|| bad("tokenizer.ggml.scores", "not numbers")))
+                    .map(|x| {
+                        x.as_f64()
+                            .map(|f| f as f32)
+                            .ok_or_else(|| bad("tokenizer.ggml.scores", "not numbers"))
+                    })
                     .collect::<Result<Vec<_>, _>>()?;
                 if s.len() != n {
-                    return Err(bad("tokenizer.ggml.scores", &format!("{} entries for {n} tokens", s.len())));
+                    return Err(bad(
+                        "tokenizer.ggml.scores",
+                        &format!("{} entries for {n} tokens", s.len()),
+                    ));
                 }
                 Some(s)
             }
@@ -113,7 +127,11 @@ impl GgufVocab {
             "<|end_of_text|>",
             "<｜end▁of▁sentence｜>",
         ];
-        let mut ids: Vec<u32> = self.eos_id.into_iter().chain(self.extra_eog.iter().copied()).collect();
+        let mut ids: Vec<u32> = self
+            .eos_id
+            .into_iter()
+            .chain(self.extra_eog.iter().copied())
+            .collect();
         for (i, (tok, ty)) in self.tokens.iter().zip(&self.types).enumerate() {
             if *ty == token_type::CONTROL && KNOWN_EOG.contains(&tok.as_str()) {
                 ids.push(i as u32);
@@ -138,24 +156,41 @@ pub(crate) fn string_array(
     meta: &BTreeMap<String, MetaValue>,
     key: &str,
 ) -> Result<Option<Vec<String>>, ModelError> {
-    let Some(v) = meta.get(key) else { return Ok(None) };
+    let Some(v) = meta.get(key) else {
+        return Ok(None);
+    };
     let arr = v.as_array().ok_or_else(|| bad(key, "not an array"))?;
     arr.iter()
-        .map(|s| s.as_str().map(str::to_string).ok_or_else(|| bad(key, "not strings")))
+        .map(|s| {
+            s.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| bad(key, "not strings"))
+        })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
 }
 
 /// A token-id key, checked against the vocabulary size. Negative ids mean "none" (some
 /// converters write -1).
-fn token_id(meta: &BTreeMap<String, MetaValue>, key: &str, n: usize) -> Result<Option<u32>, ModelError> {
-    let Some(v) = meta.get(key) else { return Ok(None) };
-    let Some(i) = v.as_i64() else { return Err(bad(key, "not an integer")) };
+fn token_id(
+    meta: &BTreeMap<String, MetaValue>,
+    key: &str,
+    n: usize,
+) -> Result<Option<u32>, ModelError> {
+    let Some(v) = meta.get(key) else {
+        return Ok(None);
+    };
+    let Some(i) = v.as_i64() else {
+        return Err(bad(key, "not an integer"));
+    };
     if i < 0 {
         return Ok(None);
     }
     if i as u64 >= n as u64 {
-        return Err(bad(key, &format!("id {i} is outside the {n}-token vocabulary")));
+        return Err(bad(
+            key,
+            &format!("id {i} is outside the {n}-token vocabulary"),
+        ));
     }
     Ok(Some(i as u32))
 }

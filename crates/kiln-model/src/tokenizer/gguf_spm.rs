@@ -21,11 +21,13 @@ use crate::gguf::MetaValue;
 const SPACE_MARK: &str = "\u{2581}";
 
 /// Builds the SentencePiece-style tokenizer.
-pub(super) fn build(vocab: &GgufVocab, meta: &BTreeMap<String, MetaValue>) -> Result<KilnTokenizer, ModelError> {
-    let scores = vocab
-        .scores
-        .as_ref()
-        .ok_or_else(|| ModelError::Tokenizer("llama tokenizer without tokenizer.ggml.scores".into()))?;
+pub(super) fn build(
+    vocab: &GgufVocab,
+    meta: &BTreeMap<String, MetaValue>,
+) -> Result<KilnTokenizer, ModelError> {
+    let scores = vocab.scores.as_ref().ok_or_else(|| {
+        ModelError::Tokenizer("llama tokenizer without tokenizer.ggml.scores".into())
+    })?;
     // llama.cpp's defaults for SentencePiece vocabularies; the GGUF may override both.
     let add_space_prefix = get_bool(meta, "tokenizer.ggml.add_space_prefix").unwrap_or(true);
     let add_bos = get_bool(meta, "tokenizer.ggml.add_bos_token").unwrap_or(true);
@@ -39,7 +41,9 @@ pub(super) fn build(vocab: &GgufVocab, meta: &BTreeMap<String, MetaValue>) -> Re
     if let Some(unk) = vocab.unk_id.and_then(|id| vocab.text(id)) {
         builder = builder.unk_token(unk.to_string());
     }
-    let model = builder.build().map_err(|e| ModelError::Tokenizer(format!("BPE model: {e}")))?;
+    let model = builder
+        .build()
+        .map_err(|e| ModelError::Tokenizer(format!("BPE model: {e}")))?;
 
     let mut tok = tokenizers::Tokenizer::new(model);
     let replace = |from: &str, to: &str| {
@@ -55,8 +59,11 @@ pub(super) fn build(vocab: &GgufVocab, meta: &BTreeMap<String, MetaValue>) -> Re
     tok.with_normalizer(Some(NormalizerSequence::new(norm)))
         .map_err(|e| ModelError::Tokenizer(format!("normalizer: {e}")))?;
 
-    let mut dec: Vec<DecoderWrapper> =
-        vec![replace(SPACE_MARK, " ")?.into(), ByteFallback::new().into(), Fuse::new().into()];
+    let mut dec: Vec<DecoderWrapper> = vec![
+        replace(SPACE_MARK, " ")?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ];
     if add_space_prefix {
         // The prefix space added on encoding is not part of the text.
         dec.push(Strip::new(' ', 1, 0).into());
@@ -67,7 +74,13 @@ pub(super) fn build(vocab: &GgufVocab, meta: &BTreeMap<String, MetaValue>) -> Re
     if add_bos {
         special::bos_post_processor(&mut tok, vocab)?;
     }
-    Ok(KilnTokenizer::new(tok, vocab.bos_id, vocab.eog_ids(), add_bos, vocab.tokens.len()))
+    Ok(KilnTokenizer::new(
+        tok,
+        vocab.bos_id,
+        vocab.eog_ids(),
+        add_bos,
+        vocab.tokens.len(),
+    ))
 }
 
 /// Merges as Hugging Face's `SentencePieceExtractor` derives them: every split of a piece into
@@ -94,5 +107,8 @@ pub(super) fn merges_from_scores(tokens: &[String], scores: &[f32]) -> Merges {
     }
     // Stable: equal scores keep the order above.
     merges.sort_by(|a, b| b.2.total_cmp(&a.2));
-    merges.into_iter().map(|(l, r, _)| (tokens[l].clone(), tokens[r].clone())).collect()
+    merges
+        .into_iter()
+        .map(|(l, r, _)| (tokens[l].clone(), tokens[r].clone()))
+        .collect()
 }

@@ -33,7 +33,10 @@ impl KilnTokenizer {
             .encode_fast("", true)
             .ok()
             .is_some_and(|e| bos_id.is_some() && e.get_ids().first() == bos_id.as_ref());
-        let add_bos = config.get("add_bos_token").and_then(Value::as_bool).unwrap_or(adds_bos);
+        let add_bos = config
+            .get("add_bos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(adds_bos);
         let vocab_size = inner.get_vocab_size(true);
         Ok(Self::new(inner, bos_id, eos_ids, add_bos, vocab_size))
     }

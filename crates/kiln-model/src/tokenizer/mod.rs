@@ -17,7 +17,7 @@ mod special;
 #[cfg(test)]
 pub(crate) mod test_support;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::BTreeMap;
 
@@ -85,7 +85,14 @@ impl KilnTokenizer {
         let pieces = piece_encoding(inner.get_decoder());
         // A folder's vocabulary may be larger than its tokenizer (padding rows); never report less.
         let vocab_size = vocab_size.max(inner.get_vocab_size(true));
-        Self { inner, bos_id, eos_ids: unique, add_bos, vocab_size, pieces }
+        Self {
+            inner,
+            bos_id,
+            eos_ids: unique,
+            add_bos,
+            vocab_size,
+            pieces,
+        }
     }
 
     /// Token ids of `text`. Special-token strings in the text (e.g. `<|im_start|>`) are always
@@ -98,12 +105,12 @@ impl KilnTokenizer {
         let mut ids = enc.get_ids().to_vec();
         // A folder may say add_bos_token without a post-processor that adds it; add it here then,
         // but never twice.
-        if add_special && self.add_bos {
-            if let Some(bos) = self.bos_id {
-                if ids.first() != Some(&bos) {
-                    ids.insert(0, bos);
-                }
-            }
+        if add_special
+            && self.add_bos
+            && let Some(bos) = self.bos_id
+            && ids.first() != Some(&bos)
+        {
+            ids.insert(0, bos);
         }
         Ok(ids)
     }
@@ -125,7 +132,11 @@ impl KilnTokenizer {
     /// Special tokens give their text. SentencePiece's leading-space stripping is not applied.
     pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
         let piece = self.inner.id_to_token(id)?;
-        let special = self.inner.get_added_tokens_decoder().get(&id).is_some_and(|t| t.special);
+        let special = self
+            .inner
+            .get_added_tokens_decoder()
+            .get(&id)
+            .is_some_and(|t| t.special);
         if special {
             return Some(piece.into_bytes());
         }
@@ -163,7 +174,9 @@ impl KilnTokenizer {
 
     /// The primary EOS token's string, if the model has one.
     pub fn eos_token(&self) -> Option<String> {
-        self.eos_ids.first().and_then(|&id| self.inner.id_to_token(id))
+        self.eos_ids
+            .first()
+            .and_then(|&id| self.inner.id_to_token(id))
     }
 
     /// Whether `id` ends generation.
@@ -187,7 +200,10 @@ fn piece_encoding(decoder: Option<&DecoderWrapper>) -> PieceEncoding {
     match decoder {
         Some(DecoderWrapper::ByteLevel(_)) => PieceEncoding::ByteLevel,
         Some(DecoderWrapper::Sequence(seq))
-            if seq.get_decoders().iter().any(|d| matches!(d, DecoderWrapper::ByteFallback(_))) =>
+            if seq
+                .get_decoders()
+                .iter()
+                .any(|d| matches!(d, DecoderWrapper::ByteFallback(_))) =>
         {
             PieceEncoding::SentencePiece
         }

@@ -7,10 +7,10 @@
 //! `(?i:…)` and lookaheads) or as llama.cpp adapted them where those are equivalent.
 
 use tokenizers::PreTokenizerWrapper;
+use tokenizers::SplitDelimiterBehavior;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::SplitDelimiterBehavior;
 
 use crate::ModelError;
 
@@ -41,7 +41,11 @@ pub(crate) struct PreTokenizerSpec {
 
 /// The spec for a `tokenizer.ggml.pre` value; `None` when kiln does not know the name.
 pub(crate) fn spec_for(pre: &str) -> Option<PreTokenizerSpec> {
-    let spec = |regexes: Vec<&'static str>| PreTokenizerSpec { regexes, ignore_merges: false, add_bos_default: false };
+    let spec = |regexes: Vec<&'static str>| PreTokenizerSpec {
+        regexes,
+        ignore_merges: false,
+        add_bos_default: false,
+    };
     Some(match pre {
         // llama.cpp's fallback when a converter wrote no name.
         "" | "default" => spec(vec![
@@ -50,28 +54,30 @@ pub(crate) fn spec_for(pre: &str) -> Option<PreTokenizerSpec> {
             r"\p{N}+",
             r"[0-9][0-9][0-9]",
         ]),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
-        | "jina-v5-nano" => PreTokenizerSpec { regexes: vec![LLAMA3], ignore_merges: true, add_bos_default: true },
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+        | "lfm2" | "jina-v5-nano" => PreTokenizerSpec {
+            regexes: vec![LLAMA3],
+            ignore_merges: true,
+            add_bos_default: true,
+        },
         "dbrx" | "smaug-bpe" => spec(vec![LLAMA3]),
         "glm4" | "chatglm-bpe" => spec(vec![LLAMA3]),
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan" | "solar-open" => {
-            spec(vec![QWEN2])
-        }
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan"
+        | "solar-open" => spec(vec![QWEN2]),
         "qwen35" => spec(vec![QWEN35]),
         "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => spec(vec![GPT4O]),
-        "tekken" => PreTokenizerSpec { regexes: vec![TEKKEN], ignore_merges: true, add_bos_default: true },
+        "tekken" => PreTokenizerSpec {
+            regexes: vec![TEKKEN],
+            ignore_merges: true,
+            add_bos_default: true,
+        },
         // Digits one by one, then GPT-2 (= Digits(individual) + ByteLevel(use_regex) in HF).
-        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
-            spec(vec![r"\p{N}", GPT2])
-        }
-        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0"
-        | "mellum" | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" | "mpt" | "olmo" | "jais"
-        | "exaone4" | "trillion" | "granite-docling" => spec(vec![GPT2]),
-        "falcon" => spec(vec![
-            r"[\p{P}\$\+<=>\^~\|`]+",
-            GPT2,
-            r"[0-9][0-9][0-9]",
-        ]),
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b"
+        | "mellum2" => spec(vec![r"\p{N}", GPT2]),
+        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
+        | "a.x-4.0" | "mellum" | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe"
+        | "mpt" | "olmo" | "jais" | "exaone4" | "trillion" | "granite-docling" => spec(vec![GPT2]),
+        "falcon" => spec(vec![r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"]),
         "deepseek-coder" => spec(vec![
             r"[\r\n]",
             r"\s?\p{L}+",
@@ -92,8 +98,12 @@ pub(crate) fn spec_for(pre: &str) -> Option<PreTokenizerSpec> {
 pub(crate) fn build(spec: &PreTokenizerSpec) -> Result<PreTokenizerWrapper, ModelError> {
     let mut parts: Vec<PreTokenizerWrapper> = Vec::with_capacity(spec.regexes.len() + 1);
     for re in &spec.regexes {
-        let split = Split::new(SplitPattern::Regex((*re).to_string()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(|e| ModelError::Tokenizer(format!("pre-tokenizer regex {re:?}: {e}")))?;
+        let split = Split::new(
+            SplitPattern::Regex((*re).to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| ModelError::Tokenizer(format!("pre-tokenizer regex {re:?}: {e}")))?;
         parts.push(split.into());
     }
     // The regexes above did the splitting; ByteLevel only maps bytes to its printable alphabet.

@@ -12,12 +12,18 @@ pub(crate) fn test_model_path() -> PathBuf {
     let cache = match std::env::var_os("KILN_CACHE_DIR") {
         Some(dir) => PathBuf::from(dir),
         None => {
-            let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default();
             home.join(".cache").join("kiln")
         }
     };
     let path = cache.join("models").join(FILE);
-    assert!(path.exists(), "test model not found at {} (set KILN_TEST_MODEL)", path.display());
+    assert!(
+        path.exists(),
+        "test model not found at {} (set KILN_TEST_MODEL)",
+        path.display()
+    );
     path
 }
 

@@ -20,7 +20,12 @@ pub struct GgufSource {
 impl GgufSource {
     /// Wraps an open GGUF file; head counts are needed to undo the Q/K permutation.
     pub fn new(file: GgufFile, arch: Architecture, n_heads: usize, n_kv_heads: usize) -> Self {
-        Self { file, arch, n_heads, n_kv_heads }
+        Self {
+            file,
+            arch,
+            n_heads,
+            n_kv_heads,
+        }
     }
 
     /// The underlying file.
@@ -105,8 +110,12 @@ impl TensorSource for GgufSource {
     }
 
     fn tensor(&self, name: &str) -> Result<Option<HostTensor>, ModelError> {
-        let Some(gguf_name) = self.gguf_name(name) else { return Ok(None) };
-        let Some(info) = self.file.header().tensor(&gguf_name) else { return Ok(None) };
+        let Some(gguf_name) = self.gguf_name(name) else {
+            return Ok(None);
+        };
+        let Some(info) = self.file.header().tensor(&gguf_name) else {
+            return Ok(None);
+        };
         let too_big = || ModelError::Tensor {
             path: self.path().into(),
             name: gguf_name.clone(),
@@ -117,7 +126,12 @@ impl TensorSource for GgufSource {
             [c, r] => (*c as usize, *r as usize),
             _ => return Err(too_big()),
         };
-        let mut t = HostTensor { ty: info.ty, rows, cols, bytes: self.file.tensor_data(info).to_vec() };
+        let mut t = HostTensor {
+            ty: info.ty,
+            rows,
+            cols,
+            bytes: self.file.tensor_data(info).to_vec(),
+        };
         if let Some(heads) = self.heads_to_unpermute(name) {
             let order = unpermute_order(rows, heads).ok_or_else(|| ModelError::Tensor {
                 path: self.path().into(),
@@ -130,6 +144,11 @@ impl TensorSource for GgufSource {
     }
 
     fn total_tensor_bytes(&self) -> u64 {
-        self.file.header().tensors.iter().map(|t| t.size_bytes).sum()
+        self.file
+            .header()
+            .tensors
+            .iter()
+            .map(|t| t.size_bytes)
+            .sum()
     }
 }

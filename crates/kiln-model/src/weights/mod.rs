@@ -23,7 +23,12 @@ pub trait TensorSource {
 }
 
 /// Fetches a tensor that must exist and have `rows × cols` elements (rows = 1 for vectors).
-pub fn require(src: &dyn TensorSource, name: &str, rows: usize, cols: usize) -> Result<HostTensor, ModelError> {
+pub fn require(
+    src: &dyn TensorSource,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<HostTensor, ModelError> {
     let t = src.tensor(name)?.ok_or_else(|| ModelError::Tensor {
         path: src.path().to_path_buf(),
         name: name.into(),
@@ -34,7 +39,12 @@ pub fn require(src: &dyn TensorSource, name: &str, rows: usize, cols: usize) -> 
 }
 
 /// Like [`require`] but for optional tensors (biases, tied heads).
-pub fn optional(src: &dyn TensorSource, name: &str, rows: usize, cols: usize) -> Result<Option<HostTensor>, ModelError> {
+pub fn optional(
+    src: &dyn TensorSource,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<Option<HostTensor>, ModelError> {
     match src.tensor(name)? {
         None => Ok(None),
         Some(t) => {
@@ -44,7 +54,13 @@ pub fn optional(src: &dyn TensorSource, name: &str, rows: usize, cols: usize) ->
     }
 }
 
-fn check_shape(src: &dyn TensorSource, name: &str, t: &HostTensor, rows: usize, cols: usize) -> Result<(), ModelError> {
+fn check_shape(
+    src: &dyn TensorSource,
+    name: &str,
+    t: &HostTensor,
+    rows: usize,
+    cols: usize,
+) -> Result<(), ModelError> {
     if t.rows != rows || t.cols != cols {
         return Err(ModelError::Tensor {
             path: src.path().to_path_buf(),

@@ -32,7 +32,11 @@ pub struct SafetensorsSource {
 /// header-parsing entry point, also the fuzz target's).
 pub fn parse_safetensors_header(bytes: &[u8]) -> Result<Vec<(String, Dtype, Vec<usize>)>, String> {
     let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| e.to_string())?;
-    let mut out: Vec<_> = meta.tensors().into_iter().map(|(n, i)| (n, i.dtype, i.shape.clone())).collect();
+    let mut out: Vec<_> = meta
+        .tensors()
+        .into_iter()
+        .map(|(n, i)| (n, i.dtype, i.shape.clone()))
+        .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
 }
@@ -44,18 +48,30 @@ impl SafetensorsSource {
         let index = dir.join("model.safetensors.index.json");
         let names: Vec<String> = if index.is_file() {
             let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
-            let json: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| ModelError::Safetensors { path: index.clone(), reason: e.to_string() })?;
-            let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ModelError::Safetensors {
-                path: index.clone(),
-                reason: "no weight_map object".into(),
-            })?;
-            let mut files: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| ModelError::Safetensors {
+                    path: index.clone(),
+                    reason: e.to_string(),
+                })?;
+            let map = json
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| ModelError::Safetensors {
+                    path: index.clone(),
+                    reason: "no weight_map object".into(),
+                })?;
+            let mut files: Vec<String> = map
+                .values()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect();
             files.sort();
             files.dedup();
             for f in &files {
                 if f.contains('/') || f.contains('\\') || f.starts_with('.') {
-                    return Err(ModelError::Safetensors { path: index.clone(), reason: format!("shard name {f:?} leaves the folder") });
+                    return Err(ModelError::Safetensors {
+                        path: index.clone(),
+                        reason: format!("shard name {f:?} leaves the folder"),
+                    });
                 }
             }
             files
@@ -73,20 +89,34 @@ impl SafetensorsSource {
             let path = dir.join(&name);
             let file = std::fs::File::open(&path).map_err(|e| ModelError::io(&path, e))?;
             // SAFETY: read-only map of a file kiln does not modify while loaded.
-            let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?;
-            let (header_len, meta) = SafeTensors::read_metadata(&mmap)
-                .map_err(|e| ModelError::Safetensors { path: path.clone(), reason: e.to_string() })?;
+            let mmap =
+                unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?;
+            let (header_len, meta) =
+                SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
             let data_start = 8 + header_len;
             for (tname, info) in meta.tensors() {
                 let (s, e) = info.data_offsets;
                 entries.insert(
                     tname,
-                    Entry { file: files.len(), dtype: info.dtype, shape: info.shape.clone(), start: data_start + s, end: data_start + e },
+                    Entry {
+                        file: files.len(),
+                        dtype: info.dtype,
+                        shape: info.shape.clone(),
+                        start: data_start + s,
+                        end: data_start + e,
+                    },
                 );
             }
             files.push((path, mmap));
         }
-        Ok(Self { dir: dir.into(), files, entries })
+        Ok(Self {
+            dir: dir.into(),
+            files,
+            entries,
+        })
     }
 }
 
@@ -96,24 +126,42 @@ impl TensorSource for SafetensorsSource {
     }
 
     fn tensor(&self, name: &str) -> Result<Option<HostTensor>, ModelError> {
-        let Some(e) = self.entries.get(name) else { return Ok(None) };
+        let Some(e) = self.entries.get(name) else {
+            return Ok(None);
+        };
         let (path, mmap) = &self.files[e.file];
-        let bad = |reason: String| ModelError::Tensor { path: path.clone(), name: name.into(), reason };
+        let bad = |reason: String| ModelError::Tensor {
+            path: path.clone(),
+            name: name.into(),
+            reason,
+        };
         let ty = match e.dtype {
             Dtype::F32 => GgmlType::F32,
             Dtype::F16 => GgmlType::F16,
             Dtype::BF16 => GgmlType::BF16,
-            other => return Err(bad(format!("dtype {other:?} is not supported (f32, f16, bf16 are)"))),
+            other => {
+                return Err(bad(format!(
+                    "dtype {other:?} is not supported (f32, f16, bf16 are)"
+                )));
+            }
         };
         let (rows, cols) = match e.shape.as_slice() {
             [c] => (1, *c),
             [r, c] => (*r, *c),
             other => return Err(bad(format!("shape {other:?} is not a matrix or vector"))),
         };
-        Ok(Some(HostTensor { ty, rows, cols, bytes: mmap[e.start..e.end].to_vec() }))
+        Ok(Some(HostTensor {
+            ty,
+            rows,
+            cols,
+            bytes: mmap[e.start..e.end].to_vec(),
+        }))
     }
 
     fn total_tensor_bytes(&self) -> u64 {
-        self.entries.values().map(|e| (e.end - e.start) as u64).sum()
+        self.entries
+            .values()
+            .map(|e| (e.end - e.start) as u64)
+            .sum()
     }
 }

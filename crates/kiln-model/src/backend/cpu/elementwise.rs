@@ -7,7 +7,9 @@ use crate::config::Activation;
 pub(crate) fn rms_norm_in_place(row: &mut [f32], w: &[f32], eps: f32, offset: f32) {
     let mean_sq = row.iter().map(|x| x * x).sum::<f32>() / row.len() as f32;
     let inv = 1.0 / (mean_sq + eps).sqrt();
-    row.iter_mut().zip(w).for_each(|(x, wi)| *x = *x * inv * (wi + offset));
+    row.iter_mut()
+        .zip(w)
+        .for_each(|(x, wi)| *x = *x * inv * (wi + offset));
 }
 
 /// Rotate-half RoPE on every `head_dim` slice of a row.
@@ -28,8 +30,14 @@ pub(crate) fn rope_row(row: &mut [f32], head_dim: usize, pos: usize, inv_freq: &
 /// `gate = act(gate) * up`.
 pub(crate) fn glu_in_place(gate: &mut [f32], up: &[f32], act: Activation) {
     match act {
-        Activation::Silu => gate.iter_mut().zip(up).for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u),
-        Activation::GeluTanh => gate.iter_mut().zip(up).for_each(|(g, u)| *g = gelu_tanh(*g) * u),
+        Activation::Silu => gate
+            .iter_mut()
+            .zip(up)
+            .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u),
+        Activation::GeluTanh => gate
+            .iter_mut()
+            .zip(up)
+            .for_each(|(g, u)| *g = gelu_tanh(*g) * u),
     }
 }
 

@@ -54,6 +54,8 @@ impl KvStore for CpuKv {
     }
 
     fn allocated_bytes(&self) -> usize {
-        2 * self.layout.n_layers * self.keys.first().map_or(0, Vec::len) * std::mem::size_of::<f32>()
+        2 * self.layout.n_layers
+            * self.keys.first().map_or(0, Vec::len)
+            * std::mem::size_of::<f32>()
     }
 }

@@ -5,12 +5,14 @@ mod elementwise;
 mod kv;
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use kiln_kernels::{GgmlType, QMatrix, QuantizedActivations};
 
 pub use kv::CpuKv;
 
-use super::{AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout};
+use super::{AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, OpProfile};
 use crate::ModelError;
 use crate::config::Activation;
 
@@ -43,6 +45,8 @@ pub enum CpuMatrix {
         cols: usize,
         /// Raw row bytes.
         bytes: Vec<u8>,
+        /// Multiply with unquantized activations instead of 8-bit ones.
+        f32_activations: bool,
     },
 }
 
@@ -73,12 +77,27 @@ pub struct CpuBackend {
     options: CpuOptions,
     /// Reused quantized-activation buffer, so a matmul allocates nothing once warm.
     scratch: Mutex<QuantizedActivations>,
+    matmul_ns: AtomicU64,
+    attention_ns: AtomicU64,
+    other_ns: AtomicU64,
+}
+
+/// Adds the time since `start` to `counter` (an `Instant` read costs ~20 ns; a layer runs a
+/// dozen timed ops, so this stays far below 0.1% of a token).
+fn charge(counter: &AtomicU64, start: Instant) {
+    counter.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
 }
 
 impl CpuBackend {
     /// A backend with the given weight policy.
     pub fn new(options: CpuOptions) -> Self {
-        Self { options, scratch: Mutex::new(QuantizedActivations::default()) }
+        Self {
+            options,
+            scratch: Mutex::new(QuantizedActivations::new()),
+            matmul_ns: AtomicU64::new(0),
+            attention_ns: AtomicU64::new(0),
+            other_ns: AtomicU64::new(0),
+        }
     }
 }
 
@@ -89,15 +108,32 @@ impl Backend for CpuBackend {
     type Kv = CpuKv;
 
     fn name(&self) -> &'static str {
-        if self.options.dense { "cpu-dense" } else { "cpu" }
+        if self.options.dense {
+            "cpu-dense"
+        } else {
+            "cpu"
+        }
     }
 
-    fn matrix(&self, _name: &str, t: HostTensor) -> Result<CpuMatrix, ModelError> {
+    fn matrix(&self, name: &str, t: HostTensor) -> Result<CpuMatrix, ModelError> {
         if self.options.dense || t.ty == GgmlType::F32 {
             let data = t.to_f32()?;
-            return Ok(CpuMatrix::F32 { data, rows: t.rows, cols: t.cols });
+            return Ok(CpuMatrix::F32 {
+                data,
+                rows: t.rows,
+                cols: t.cols,
+            });
         }
-        Ok(CpuMatrix::Quant { ty: t.ty, rows: t.rows, cols: t.cols, bytes: t.bytes })
+        // The output head (the embedding table when tied) keeps f32 activations: see
+        // `kiln_kernels::exact` for the accuracy this buys.
+        let f32_activations = name == "lm_head.weight" || name == "model.embed_tokens.weight";
+        Ok(CpuMatrix::Quant {
+            ty: t.ty,
+            rows: t.rows,
+            cols: t.cols,
+            bytes: t.bytes,
+            f32_activations,
+        })
     }
 
     fn vector(&self, _name: &str, t: HostTensor) -> Result<Vec<f32>, ModelError> {
@@ -108,13 +144,21 @@ impl Backend for CpuBackend {
         CpuKv::new(layout)
     }
 
-    fn embed(&self, table: &CpuMatrix, tokens: &[u32], scale: Option<f32>) -> Result<HostAct, ModelError> {
+    fn embed(
+        &self,
+        table: &CpuMatrix,
+        tokens: &[u32],
+        scale: Option<f32>,
+    ) -> Result<HostAct, ModelError> {
+        let _timer = Timer::new(&self.other_ns);
         let (rows, cols) = (table.rows(), table.cols());
         let mut out = HostAct::zeros(tokens.len(), cols);
         for (i, &tok) in tokens.iter().enumerate() {
             let r = tok as usize;
             if r >= rows {
-                return Err(ModelError::Forward(format!("token id {tok} is outside the vocabulary of {rows}")));
+                return Err(ModelError::Forward(format!(
+                    "token id {tok} is outside the vocabulary of {rows}"
+                )));
             }
             let dst = &mut out.data[i * cols..(i + 1) * cols];
             match table {
@@ -132,6 +176,7 @@ impl Backend for CpuBackend {
     }
 
     fn rms_norm(&self, x: &HostAct, w: &Vec<f32>, eps: f32, offset: f32) -> HostAct {
+        let _timer = Timer::new(&self.other_ns);
         let mut out = x.clone();
         for row in out.data.chunks_exact_mut(x.cols) {
             elementwise::rms_norm_in_place(row, w, eps, offset);
@@ -140,21 +185,43 @@ impl Backend for CpuBackend {
     }
 
     fn head_rms_norm(&self, x: &mut HostAct, head_dim: usize, w: &Vec<f32>, eps: f32, offset: f32) {
+        let _timer = Timer::new(&self.other_ns);
         for head in x.data.chunks_exact_mut(head_dim) {
             elementwise::rms_norm_in_place(head, w, eps, offset);
         }
     }
 
     fn matmul(&self, x: &HostAct, w: &CpuMatrix) -> Result<HostAct, ModelError> {
+        let _timer = Timer::new(&self.matmul_ns);
         if x.cols != w.cols() {
-            return Err(ModelError::Forward(format!("matmul: input width {} != weight cols {}", x.cols, w.cols())));
+            return Err(ModelError::Forward(format!(
+                "matmul: input width {} != weight cols {}",
+                x.cols,
+                w.cols()
+            )));
         }
         let mut out = HostAct::zeros(x.rows, w.rows());
         match w {
             CpuMatrix::F32 { data, rows, cols } => {
                 kiln_kernels::matmul_f32(data, *rows, *cols, &x.data, x.rows, &mut out.data)?;
             }
-            CpuMatrix::Quant { ty, rows, cols, bytes } => {
+            CpuMatrix::Quant {
+                ty,
+                rows,
+                cols,
+                bytes,
+                f32_activations: true,
+            } => {
+                let qm = QMatrix::new(*ty, *rows, *cols, bytes)?;
+                kiln_kernels::matmul_f32_activations(&qm, &x.data, x.rows, &mut out.data)?;
+            }
+            CpuMatrix::Quant {
+                ty,
+                rows,
+                cols,
+                bytes,
+                f32_activations: false,
+            } => {
                 let qm = QMatrix::new(*ty, *rows, *cols, bytes)?;
                 let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
                 kiln_kernels::matmul(&qm, &x.data, x.rows, &mut out.data, &mut scratch)?;
@@ -164,12 +231,14 @@ impl Backend for CpuBackend {
     }
 
     fn add_bias(&self, x: &mut HostAct, b: &Vec<f32>) {
+        let _timer = Timer::new(&self.other_ns);
         for row in x.data.chunks_exact_mut(x.cols) {
             row.iter_mut().zip(b).for_each(|(v, bi)| *v += bi);
         }
     }
 
     fn rope(&self, x: &mut HostAct, head_dim: usize, positions: &[usize], inv_freq: &[f32]) {
+        let _timer = Timer::new(&self.other_ns);
         let cols = x.cols;
         for (row, &pos) in x.data.chunks_exact_mut(cols).zip(positions) {
             elementwise::rope_row(row, head_dim, pos, inv_freq);
@@ -186,20 +255,24 @@ impl Backend for CpuBackend {
         batch: &BatchLayout,
         params: &AttentionParams,
     ) -> Result<HostAct, ModelError> {
+        let _timer = Timer::new(&self.attention_ns);
         Ok(attention::attention(kv, layer, q, k, v, batch, params))
     }
 
     fn glu(&self, gate: &HostAct, up: &HostAct, act: Activation) -> HostAct {
+        let _timer = Timer::new(&self.other_ns);
         let mut out = gate.clone();
         elementwise::glu_in_place(&mut out.data, &up.data, act);
         out
     }
 
     fn add_assign(&self, x: &mut HostAct, y: &HostAct) {
+        let _timer = Timer::new(&self.other_ns);
         x.data.iter_mut().zip(&y.data).for_each(|(a, b)| *a += b);
     }
 
     fn gather_rows(&self, x: &HostAct, rows: &[usize]) -> HostAct {
+        let _timer = Timer::new(&self.other_ns);
         let mut out = HostAct::zeros(rows.len(), x.cols);
         for (dst, &r) in out.data.chunks_exact_mut(x.cols).zip(rows) {
             dst.copy_from_slice(x.row(r));
@@ -209,5 +282,34 @@ impl Backend for CpuBackend {
 
     fn to_host(&self, x: &HostAct) -> Vec<f32> {
         x.data.clone()
+    }
+
+    fn take_profile(&self) -> Option<OpProfile> {
+        Some(OpProfile {
+            matmul_ns: self.matmul_ns.swap(0, Ordering::Relaxed),
+            attention_ns: self.attention_ns.swap(0, Ordering::Relaxed),
+            other_ns: self.other_ns.swap(0, Ordering::Relaxed),
+        })
+    }
+}
+
+/// Charges the lifetime of the guard to a counter.
+struct Timer<'a> {
+    counter: &'a AtomicU64,
+    start: Instant,
+}
+
+impl<'a> Timer<'a> {
+    fn new(counter: &'a AtomicU64) -> Self {
+        Self {
+            counter,
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Drop for Timer<'_> {
+    fn drop(&mut self) {
+        charge(self.counter, self.start);
     }
 }

@@ -1,0 +1,154 @@
+//! `kiln bench`: llama-bench-style prompt processing (ppN) and text generation (tgN) runs.
+
+use std::time::Instant;
+
+use kiln_model::backend::{Backend, BatchLayout, OpProfile};
+use serde::Serialize;
+
+use crate::{Engine, EngineError};
+
+/// What to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BenchConfig {
+    /// Prompt length of the prefill test (0 skips it).
+    pub prompt_tokens: usize,
+    /// Tokens of the generation test (0 skips it).
+    pub gen_tokens: usize,
+    /// Repetitions of each test (after one warm-up).
+    pub repetitions: usize,
+}
+
+/// Results of one test over its repetitions.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchResult {
+    /// `pp512`, `tg128`…
+    pub test: String,
+    /// Tokens per second of each repetition.
+    pub samples: Vec<f64>,
+    /// Mean tokens per second.
+    pub mean: f64,
+    /// Sample standard deviation.
+    pub stddev: f64,
+    /// Slowest repetition.
+    pub min: f64,
+    /// Median repetition.
+    pub median: f64,
+    /// Fastest repetition.
+    pub max: f64,
+    /// Where the time went over all repetitions, when the backend records it.
+    pub profile: Option<OpProfile>,
+}
+
+fn summarize(test: String, samples: Vec<f64>, profile: Option<OpProfile>) -> BenchResult {
+    let n = samples.len().max(1) as f64;
+    let mean = samples.iter().sum::<f64>() / n;
+    let var = if samples.len() > 1 {
+        samples.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    let mut sorted = samples.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = if sorted.is_empty() {
+        0.0
+    } else if sorted.len() % 2 == 1 {
+        sorted[sorted.len() / 2]
+    } else {
+        (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
+    };
+    BenchResult {
+        test,
+        mean,
+        stddev: var.sqrt(),
+        min: sorted.first().copied().unwrap_or(0.0),
+        median,
+        max: sorted.last().copied().unwrap_or(0.0),
+        samples,
+        profile,
+    }
+}
+
+/// Deterministic pseudo-random prompt ids (llama-bench also feeds random tokens).
+fn prompt_ids(n: usize, vocab: usize) -> Vec<u32> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % vocab as u64) as u32
+        })
+        .collect()
+}
+
+impl<B: Backend> Engine<B> {
+    /// Runs the configured tests and returns one result per test.
+    pub fn bench(&mut self, cfg: &BenchConfig) -> Result<Vec<BenchResult>, EngineError> {
+        let mut results = vec![];
+        if cfg.prompt_tokens + cfg.gen_tokens > self.options().context_len {
+            return Err(EngineError::Request(format!(
+                "pp{} + tg{} does not fit the {}-token context",
+                cfg.prompt_tokens,
+                cfg.gen_tokens,
+                self.options().context_len
+            )));
+        }
+        let vocab = self.model().config.vocab_size;
+        if cfg.prompt_tokens > 0 {
+            let ids = prompt_ids(cfg.prompt_tokens, vocab);
+            let mut samples = vec![];
+            for rep in 0..=cfg.repetitions {
+                if rep == 1 {
+                    self.backend().take_profile();
+                }
+                self.reset();
+                let t = Instant::now();
+                let batch = BatchLayout::single(0, 0, ids.len());
+                self.forward_raw(&ids, &batch)?;
+                if rep > 0 {
+                    samples.push(ids.len() as f64 / t.elapsed().as_secs_f64());
+                }
+            }
+            results.push(summarize(
+                format!("pp{}", cfg.prompt_tokens),
+                samples,
+                self.backend().take_profile(),
+            ));
+        }
+        if cfg.gen_tokens > 0 {
+            let mut samples = vec![];
+            for rep in 0..=cfg.repetitions {
+                if rep == 1 {
+                    self.backend().take_profile();
+                }
+                self.reset();
+                let mut token = prompt_ids(1, vocab)[0];
+                let t = Instant::now();
+                for pos in 0..cfg.gen_tokens {
+                    let logits = self.forward_raw(&[token], &BatchLayout::single(0, pos, 1))?;
+                    token = argmax(&logits);
+                }
+                if rep > 0 {
+                    samples.push(cfg.gen_tokens as f64 / t.elapsed().as_secs_f64());
+                }
+            }
+            results.push(summarize(
+                format!("tg{}", cfg.gen_tokens),
+                samples,
+                self.backend().take_profile(),
+            ));
+        }
+        self.reset();
+        Ok(results)
+    }
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

@@ -1,0 +1,175 @@
+//! Quantized weights × unquantized (f32) activations. Used where the 8-bit rounding of the
+//! activations costs measurable accuracy: the output head, whose logits feed the sampler
+//! directly (on SmolLM2 it is most of the Q4_1 path's KL against f32). The head is
+//! memory-bound at decode, so the f32 multiply costs little time.
+
+use half::f16;
+
+use crate::Result;
+use crate::blocks::Q8_0_BYTES;
+use crate::dequant::dequantize_unchecked;
+use crate::level::{CpuLevel, cpu_level};
+use crate::matmul::{QMatrix, check_len, par_drive};
+use crate::types::GgmlType;
+
+/// `out[t * rows + r] = Σ W[r, i] · x[t, i]` with the weights dequantized block by block in
+/// registers or a stack buffer, never as a whole matrix.
+pub fn matmul_f32_activations(
+    w: &QMatrix<'_>,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    check_len("matmul input x", n_tokens, w.cols(), x.len())?;
+    check_len("matmul output", n_tokens, w.rows(), out.len())?;
+    let (ty, cols, rb, data) = (w.ty(), w.cols(), w.row_bytes(), w.data());
+    let level = cpu_level();
+    par_drive(w.rows(), n_tokens, out, |r, t| {
+        dot_at(
+            level,
+            ty,
+            &data[r * rb..(r + 1) * rb],
+            &x[t * cols..(t + 1) * cols],
+        )
+    });
+    Ok(())
+}
+
+/// One row × one f32 vector at `level` (clamped to the hardware).
+pub fn dot_at(level: CpuLevel, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if ty == GgmlType::Q8_0 && level.clamp_to_hardware() >= CpuLevel::Avx2 {
+        // SAFETY: the level check guarantees avx2 and fma.
+        return unsafe { q8_0_f32_avx2(row, x) };
+    }
+    let _ = level;
+    if ty == GgmlType::Q8_0 {
+        return q8_0_f32_scalar(row, x);
+    }
+    generic_scalar(ty, row, x)
+}
+
+/// Scalar reference for Q8_0 × f32.
+pub fn q8_0_f32_scalar(row: &[u8], x: &[f32]) -> f32 {
+    let mut sum = 0f32;
+    for (block, xs) in row.chunks_exact(Q8_0_BYTES).zip(x.chunks_exact(32)) {
+        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let s: f32 = block[2..]
+            .iter()
+            .zip(xs)
+            .map(|(&q, &v)| q as i8 as f32 * v)
+            .sum();
+        sum += d * s;
+    }
+    sum
+}
+
+/// Any type: dequantize one block at a time into a stack buffer, then an f32 dot.
+fn generic_scalar(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    let (elems, bytes) = (ty.block_elems(), ty.block_bytes());
+    let mut buf = [0f32; 256];
+    let mut sum = 0f32;
+    for (block, xs) in row.chunks_exact(bytes).zip(x.chunks_exact(elems)) {
+        dequantize_unchecked(ty, block, &mut buf[..elems]);
+        sum += buf[..elems].iter().zip(xs).map(|(a, b)| a * b).sum::<f32>();
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn q8_0_f32_avx2(row: &[u8], x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = _mm256_setzero_ps();
+    for (block, xs) in row.chunks_exact(Q8_0_BYTES).zip(x.chunks_exact(32)) {
+        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let mut partial = _mm256_setzero_ps();
+        for k in 0..4 {
+            // SAFETY: block has 2 + 32 bytes and xs has 32 floats; each load reads 8 of each
+            // at offset 8k < 32.
+            unsafe {
+                let q = _mm_loadl_epi64(block.as_ptr().add(2 + 8 * k).cast());
+                let qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                let xv = _mm256_loadu_ps(xs.as_ptr().add(8 * k));
+                partial = _mm256_fmadd_ps(qf, xv, partial);
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), partial, acc);
+    }
+    crate::dot::avx2::hsum_ps(acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::level::supported_levels;
+
+    fn random_q8_0(blocks: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+        let mut s = seed;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut row = vec![];
+        for _ in 0..blocks {
+            row.extend(f16::from_f32(0.01 + (next() % 100) as f32 / 1000.0).to_le_bytes());
+            row.extend(
+                (0..32)
+                    .map(|_| (next() % 255) as u8 ^ 0x80)
+                    .map(|b| if b == 0x80 { 0x81 } else { b }),
+            );
+        }
+        let x = (0..blocks * 32)
+            .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        (row, x)
+    }
+
+    #[test]
+    fn q8_0_simd_matches_scalar_and_generic_at_every_level() {
+        for blocks in [1, 3, 18, 37] {
+            let (row, x) = random_q8_0(blocks, blocks as u64 * 7919);
+            let reference = q8_0_f32_scalar(&row, &x);
+            let generic = generic_scalar(GgmlType::Q8_0, &row, &x);
+            let scale: f32 = x.iter().map(|v| v.abs()).sum::<f32>() * 0.2;
+            assert!(
+                (reference - generic).abs() <= 1e-5 * scale,
+                "generic {generic} vs {reference}"
+            );
+            for level in supported_levels() {
+                let got = dot_at(level, GgmlType::Q8_0, &row, &x);
+                assert!(
+                    (got - reference).abs() <= 1e-5 * scale,
+                    "{level:?}: {got} vs {reference}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_matches_per_row_dots() {
+        let (rows, blocks) = (70, 4);
+        let mut data = vec![];
+        for r in 0..rows {
+            data.extend(random_q8_0(blocks, r as u64 + 1).0);
+        }
+        let (_, x) = random_q8_0(blocks * 2, 99);
+        let w = QMatrix::new(GgmlType::Q8_0, rows, blocks * 32, &data).expect("matrix");
+        let mut out = vec![0f32; rows * 2];
+        matmul_f32_activations(&w, &x, 2, &mut out).expect("matmul");
+        for t in 0..2 {
+            for r in 0..rows {
+                let want = dot_at(
+                    cpu_level(),
+                    GgmlType::Q8_0,
+                    w.row(r).expect("row"),
+                    &x[t * 128..(t + 1) * 128],
+                );
+                assert_eq!(out[t * rows + r], want);
+            }
+        }
+        assert!(matmul_f32_activations(&w, &x[..10], 2, &mut out).is_err());
+    }
+}

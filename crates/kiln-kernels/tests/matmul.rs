@@ -1,0 +1,157 @@
+//! Matmul driver: results equal per-row `vec_dot`, shapes are validated, scratch is reused.
+
+mod common;
+
+use common::*;
+use kiln_kernels::*;
+
+fn check_matmul(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let data: Vec<u8> = (0..rows)
+        .flat_map(|_| random_row(&mut rng, ty, cols, false))
+        .collect();
+    let w = QMatrix::new(ty, rows, cols, &data).unwrap();
+    let x: Vec<f32> = (0..n_tokens * cols).map(|_| rng.sym()).collect();
+    let mut out = vec![f32::NAN; rows * n_tokens];
+    let mut scratch = QuantizedActivations::new();
+    matmul(&w, &x, n_tokens, &mut out, &mut scratch).unwrap();
+    let mut qa = QuantizedActivations::new();
+    for t in 0..n_tokens {
+        qa.quantize_into(ty, &x[t * cols..(t + 1) * cols]).unwrap();
+        for r in 0..rows {
+            let want = vec_dot(ty, w.row(r).unwrap(), qa.row(0).unwrap()).unwrap();
+            assert_eq!(
+                out[t * rows + r].to_bits(),
+                want.to_bits(),
+                "{ty} r={r} t={t}"
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_equals_rowwise_dot() {
+    check_matmul(GgmlType::Q4_1, 576, 576, 1, 1);
+    check_matmul(GgmlType::Q4_1, 200, 1536, 13, 2);
+    check_matmul(GgmlType::Q8_0, 130, 576, 3, 3);
+    check_matmul(GgmlType::Q4_0, 65, 96, 9, 4);
+    check_matmul(GgmlType::Q5_0, 70, 64, 2, 5);
+    check_matmul(GgmlType::Q5_1, 70, 64, 2, 6);
+    check_matmul(GgmlType::Q4_K, 100, 512, 3, 7);
+    check_matmul(GgmlType::Q6_K, 100, 256, 2, 8);
+    check_matmul(GgmlType::F16, 129, 40, 3, 9);
+    check_matmul(GgmlType::F32, 129, 40, 3, 10);
+    check_matmul(GgmlType::BF16, 3, 40, 1, 11);
+}
+
+#[test]
+fn matmul_f32_matches_scalar() {
+    let mut rng = Rng::new(12);
+    let (rows, cols, n) = (150, 77, 5);
+    let w: Vec<f32> = (0..rows * cols).map(|_| rng.sym()).collect();
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
+    let mut out = vec![0.0; rows * n];
+    matmul_f32(&w, rows, cols, &x, n, &mut out).unwrap();
+    for t in 0..n {
+        for r in 0..rows {
+            let exact: f64 = (0..cols)
+                .map(|k| w[r * cols + k] as f64 * x[t * cols + k] as f64)
+                .sum();
+            let mag: f64 = (0..cols)
+                .map(|k| (w[r * cols + k] as f64 * x[t * cols + k] as f64).abs())
+                .sum();
+            assert!((out[t * rows + r] as f64 - exact).abs() <= 1e-5 * mag);
+        }
+    }
+    assert!(matmul_f32(&w, rows, cols, &x, n, &mut out[1..]).is_err());
+    assert!(matmul_f32(&w[1..], rows, cols, &x, n, &mut out).is_err());
+}
+
+#[test]
+fn qmatrix_and_matmul_validate_shapes() {
+    let data = vec![0u8; 20 * 4];
+    assert!(QMatrix::new(GgmlType::Q4_1, 2, 64, &data).is_ok());
+    assert!(QMatrix::new(GgmlType::Q4_1, 3, 64, &data).is_err());
+    assert!(QMatrix::new(GgmlType::Q4_1, 4, 33, &data).is_err());
+    assert!(matches!(
+        QMatrix::new(GgmlType::Q4_1, usize::MAX, 64, &data),
+        Err(KernelError::Overflow(_))
+    ));
+    let w = QMatrix::new(GgmlType::Q4_1, 2, 64, &data).unwrap();
+    let mut s = QuantizedActivations::new();
+    let mut out = vec![0.0; 2];
+    assert!(matmul(&w, &[0.0; 63], 1, &mut out, &mut s).is_err());
+    assert!(matmul(&w, &[0.0; 64], 1, &mut out[..1], &mut s).is_err());
+    assert!(matmul(&w, &[0.0; 64], 1, &mut out, &mut s).is_ok());
+    assert_eq!(out, vec![0.0, 0.0]);
+}
+
+#[test]
+fn dequantize_matrix_matches_rows() {
+    let mut rng = Rng::new(13);
+    let (rows, cols) = (5, 256);
+    let data: Vec<u8> = (0..rows)
+        .flat_map(|_| random_row(&mut rng, GgmlType::Q5_K, cols, false))
+        .collect();
+    let w = QMatrix::new(GgmlType::Q5_K, rows, cols, &data).unwrap();
+    let all = dequantize_matrix(&w);
+    for r in 0..rows {
+        let mut row = vec![0.0; cols];
+        dequantize_row(GgmlType::Q5_K, w.row(r).unwrap(), &mut row).unwrap();
+        assert_eq!(&all[r * cols..(r + 1) * cols], &row[..]);
+    }
+}
+
+#[test]
+fn scratch_is_reused_without_reallocation() {
+    let mut rng = Rng::new(14);
+    let x: Vec<f32> = (0..4 * 576).map(|_| rng.sym()).collect();
+    let mut s = QuantizedActivations::new();
+    s.quantize_rows_into(GgmlType::Q4_1, &x, 4).unwrap();
+    let p = s.row(0).map(|r| match r {
+        ActRow::Q8_1(b) => b.as_ptr(),
+        _ => panic!(),
+    });
+    s.quantize_rows_into(GgmlType::Q4_1, &x[..576], 1).unwrap();
+    let q = s.row(0).map(|r| match r {
+        ActRow::Q8_1(b) => b.as_ptr(),
+        _ => panic!(),
+    });
+    assert_eq!(p, q);
+    assert!(s.row(1).is_none());
+    assert!(s.quantize_rows_into(GgmlType::Q4_K, &x[..576], 1).is_err());
+}
+
+/// Micro-benchmark of the Q4_1 × Q8_1 matmul at the model's FFN shape (1536 rows × 576 cols
+/// and 576 × 1536). Run: `cargo test -p kiln-kernels --release --test matmul -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn bench_q4_1_matmul() {
+    let mut rng = Rng::new(15);
+    for &(rows, cols) in &[(1536usize, 576usize), (576, 1536)] {
+        let data: Vec<u8> = (0..rows)
+            .flat_map(|_| random_row(&mut rng, GgmlType::Q4_1, cols, false))
+            .collect();
+        let w = QMatrix::new(GgmlType::Q4_1, rows, cols, &data).unwrap();
+        let mut s = QuantizedActivations::new();
+        for &n in &[1usize, 16] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
+            let mut out = vec![0.0; rows * n];
+            matmul(&w, &x, n, &mut out, &mut s).unwrap();
+            let iters = 2000 / n;
+            let t0 = std::time::Instant::now();
+            for _ in 0..iters {
+                matmul(&w, &x, n, &mut out, &mut s).unwrap();
+            }
+            let dt = t0.elapsed().as_secs_f64() / iters as f64;
+            println!(
+                "Q4_1 {rows}x{cols} n_tokens={n} level={:?} threads={}: {:.1} us/call, {:.2} GB/s weights, {:.2} GMAC/s",
+                cpu_level(),
+                rayon::current_num_threads(),
+                dt * 1e6,
+                data.len() as f64 / dt / 1e9,
+                (rows * cols * n) as f64 / dt / 1e9
+            );
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! `kiln bench`.
+
+use anyhow::Result;
+use kiln_engine::bench::{BenchConfig, BenchResult};
+use serde::Serialize;
+
+use crate::cli::{BenchArgs, RuntimeArgs};
+use crate::common::{available_threads, load_engine, thread_pool};
+
+#[derive(Serialize)]
+struct Row {
+    model: String,
+    backend: &'static str,
+    threads: usize,
+    #[serde(flatten)]
+    result: BenchResult,
+}
+
+/// Runs the benchmark for each thread count and prints a table (or JSON).
+pub fn run(args: BenchArgs) -> Result<()> {
+    let threads = if args.threads.is_empty() {
+        vec![available_threads()]
+    } else {
+        args.threads.clone()
+    };
+    let cfg = BenchConfig {
+        prompt_tokens: args.prompt_tokens,
+        gen_tokens: args.gen_tokens,
+        repetitions: args.repetitions.max(1),
+    };
+    let ctx = (cfg.prompt_tokens + cfg.gen_tokens).max(16);
+    let mut rows = vec![];
+    for &t in &threads {
+        let pool = thread_pool(Some(t))?;
+        let rt = RuntimeArgs {
+            threads: Some(t),
+            ctx: Some(ctx),
+            dense: args.dense,
+        };
+        let results = pool.install(|| -> Result<Vec<BenchResult>> {
+            let mut engine = load_engine(&args.model, &rt)?;
+            Ok(engine.bench(&cfg)?)
+        })?;
+        let backend = if args.dense { "cpu-dense" } else { "cpu" };
+        rows.extend(results.into_iter().map(|result| Row {
+            model: args.model.clone(),
+            backend,
+            threads: t,
+            result,
+        }));
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "| model | backend | threads | test | t/s (median) | min | max | matmul | attention | other |"
+    );
+    println!("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for r in &rows {
+        let share = |ns: u64| -> String {
+            match &r.result.profile {
+                Some(p) => {
+                    let total = (p.matmul_ns + p.attention_ns + p.other_ns).max(1);
+                    format!("{:.0}%", 100.0 * ns as f64 / total as f64)
+                }
+                None => "-".into(),
+            }
+        };
+        let p = r.result.profile.unwrap_or_default();
+        println!(
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} |",
+            r.model,
+            r.backend,
+            r.threads,
+            r.result.test,
+            r.result.median,
+            r.result.min,
+            r.result.max,
+            share(p.matmul_ns),
+            share(p.attention_ns),
+            share(p.other_ns)
+        );
+    }
+    Ok(())
+}
