@@ -93,6 +93,9 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
     let hidden_size = m.usize("embedding_length")?;
     let num_heads = m.usize("attention.head_count")?;
     let num_layers = m.usize("block_count")?;
+    // Checked now: it sizes the per-layer table below, before `validate` runs.
+    super::check_size("num_hidden_layers", num_layers)
+        .map_err(|reason| m.err(&format!("{arch_name}.block_count"), reason))?;
     let head_dim = match m.opt_usize("attention.key_length")? {
         Some(d) => d,
         None => hidden_size.checked_div(num_heads).unwrap_or(0),

@@ -141,6 +141,9 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
     let hidden_size = f.usize("hidden_size")?;
     let num_heads = f.usize("num_attention_heads")?;
     let num_layers = f.usize("num_hidden_layers")?;
+    // Checked now: it sizes the per-layer table below, before `validate` runs.
+    super::check_size("num_hidden_layers", num_layers)
+        .map_err(|reason| f.err("num_hidden_layers", reason))?;
     let head_dim = match f.opt_usize("head_dim")? {
         Some(d) => d,
         None if num_heads > 0 => hidden_size / num_heads,

@@ -9,6 +9,19 @@ mod rope;
 
 pub use rope::{RopeConfig, RopeScaling};
 
+/// Largest value any size or count in a config may have: far above any real model, small enough
+/// that nothing sized by it (a per-layer table, a RoPE frequency table) is an absurd allocation.
+const MAX_CONFIG_SIZE: usize = 1 << 24;
+
+/// Refuses a zero or absurd size. Counts that size tables built while the config is read (the
+/// layer count) must pass this before the table is built, not only in [`ModelConfig::validate`].
+pub(crate) fn check_size(name: &str, v: usize) -> Result<(), String> {
+    if v == 0 || v > MAX_CONFIG_SIZE {
+        return Err(format!("{name} = {v} is out of range"));
+    }
+    Ok(())
+}
+
 /// The architectures kiln implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
@@ -127,9 +140,7 @@ impl ModelConfig {
             ("head_dim", self.head_dim),
         ];
         for (name, v) in positive {
-            if v == 0 || v > 1 << 24 {
-                return Err(format!("{name} = {v} is out of range"));
-            }
+            check_size(name, v)?;
         }
         if self.num_heads % self.num_kv_heads != 0 {
             return Err(format!(
