@@ -13,6 +13,7 @@ pub mod error;
 pub mod exact;
 pub mod level;
 pub mod matmul;
+pub mod pool;
 pub mod quantize;
 pub mod types;
 

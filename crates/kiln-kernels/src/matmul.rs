@@ -7,7 +7,6 @@ use crate::error::{KernelError, Result};
 use crate::level::cpu_level;
 use crate::quantize::{ActFormat, ActRow, QuantizedActivations};
 use crate::types::GgmlType;
-use rayon::prelude::*;
 
 /// A row-major weight matrix of `rows` rows, each `cols` elements of type `ty`, borrowed as
 /// raw ggml bytes.
@@ -133,7 +132,8 @@ pub(crate) fn par_drive(
     if rows == 0 || n_tokens == 0 {
         return;
     }
-    let threads = rayon::current_num_threads().max(1);
+    let pool = crate::pool::global();
+    let threads = pool.threads();
     let per_task = rows.div_ceil(threads * 4).max(MIN_ROWS_PER_TASK);
     let n_tasks = rows.div_ceil(per_task);
     let ptr = OutPtr(out.as_mut_ptr());
@@ -154,11 +154,7 @@ pub(crate) fn par_drive(
             t0 = t1;
         }
     };
-    if n_tasks == 1 {
-        task(0);
-    } else {
-        (0..n_tasks).into_par_iter().for_each(task);
-    }
+    pool.run(n_tasks, &task);
 }
 
 /// `out[t * rows + r] = dot(W row r, x row t)` for `x` of shape `[n_tokens, cols]`

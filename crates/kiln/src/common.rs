@@ -28,6 +28,16 @@ pub fn available_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// Sizes the kernels' worker pool to `threads` (default: every available core).
+pub fn set_threads(threads: Option<usize>) -> Result<()> {
+    let n = threads.unwrap_or_else(available_threads);
+    if n == 0 || n > 1024 {
+        bail!("--threads must be between 1 and 1024, got {n}");
+    }
+    kiln_kernels::pool::set_threads(n);
+    Ok(())
+}
+
 /// A rayon pool of `threads` workers (checked against the machine).
 pub fn thread_pool(threads: Option<usize>) -> Result<rayon::ThreadPool> {
     let n = threads.unwrap_or_else(available_threads);

@@ -5,7 +5,7 @@ use kiln_engine::bench::{BenchConfig, BenchResult};
 use serde::Serialize;
 
 use crate::cli::{BenchArgs, RuntimeArgs};
-use crate::common::{available_threads, load_engine, thread_pool};
+use crate::common::{available_threads, load_engine, set_threads};
 
 #[derive(Serialize)]
 struct Row {
@@ -31,16 +31,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let ctx = (cfg.prompt_tokens + cfg.gen_tokens).max(16);
     let mut rows = vec![];
     for &t in &threads {
-        let pool = thread_pool(Some(t))?;
+        set_threads(Some(t))?;
         let rt = RuntimeArgs {
             threads: Some(t),
             ctx: Some(ctx),
             dense: args.dense,
         };
-        let results = pool.install(|| -> Result<Vec<BenchResult>> {
-            let mut engine = load_engine(&args.model, &rt)?;
-            Ok(engine.bench(&cfg)?)
-        })?;
+        let mut engine = load_engine(&args.model, &rt)?;
+        let results: Vec<BenchResult> = engine.bench(&cfg)?;
         let backend = if args.dense { "cpu-dense" } else { "cpu" };
         rows.extend(results.into_iter().map(|result| Row {
             model: args.model.clone(),

@@ -10,15 +10,15 @@ use kiln_model::chat_template::prompt_ids;
 use serde_json::json;
 
 use crate::cli::GenerateArgs;
-use crate::common::{load_engine, thread_pool};
+use crate::common::{load_engine, set_threads};
 
 /// Spec §3.1's last-resort temperature when neither the request nor the model sets one.
 const FALLBACK_TEMPERATURE: f32 = 0.7;
 
 /// Runs one generation and streams its text to stdout.
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let pool = thread_pool(args.runtime.threads)?;
-    pool.install(|| {
+    set_threads(args.runtime.threads)?;
+    {
         let mut engine = load_engine(&args.model, &args.runtime)?;
         let prompt = build_prompt(&engine, &args)?;
         let request = GenerateRequest {
@@ -67,7 +67,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             );
         }
         Ok(())
-    })
+    }
 }
 
 fn build_prompt<B: Backend>(engine: &Engine<B>, args: &GenerateArgs) -> Result<Vec<u32>> {

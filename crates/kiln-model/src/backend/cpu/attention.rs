@@ -1,8 +1,6 @@
 //! Causal attention over the dense cache with an online softmax: one pass over the visible keys,
 //! no score matrix materialised, so the transient memory is one head's accumulator per task.
 
-use rayon::prelude::*;
-
 use super::kv::CpuKv;
 use crate::backend::{AttentionParams, BatchLayout, HostAct};
 
@@ -39,10 +37,7 @@ pub(crate) fn attention(
     let mut out = HostAct::zeros(q.rows, p.n_heads * hd);
     let (keys, values) = (&kv.keys[layer], &kv.values[layer]);
     let kv_ref = &*kv;
-    out.data
-        .par_chunks_mut(hd)
-        .enumerate()
-        .for_each(|(idx, out_head)| {
+    kiln_kernels::pool::for_each_chunk_mut(&mut out.data, hd, 1, |idx, out_head| {
             let (qi, h) = (idx / p.n_heads, idx % p.n_heads);
             let (slot, pos) = queries[qi];
             let q_head = &q.row(qi)[h * hd..(h + 1) * hd];

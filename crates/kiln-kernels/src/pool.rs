@@ -1,0 +1,306 @@
+//! A persistent worker pool for the forward pass. Decode runs a few hundred short parallel
+//! steps per token; workers spin briefly between steps (a step's gap is microseconds) and park
+//! only when idle, so a step costs no thread wake-up. The calling thread takes tasks too.
+//!
+//! One job runs at a time: a `run` that finds the pool busy (another thread's forward, or a
+//! nested call from inside a task) executes its tasks inline, so concurrent callers are correct,
+//! just not parallel.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins before parking.
+const SPIN: Duration = Duration::from_micros(200);
+
+/// The task function of one job, with its lifetime erased (see `Pool::run` for why that holds).
+struct Job {
+    task: *const (dyn Fn(usize) + Sync),
+    n_tasks: usize,
+    next: AtomicUsize,
+    remaining: AtomicUsize,
+}
+
+// SAFETY: `task` points to a `Sync` closure that outlives every call made through it:
+// `Pool::run` does not return before `remaining` reaches zero, and a task index is claimed
+// (through `next`) before the closure is called, so no call can start after the last one ends.
+unsafe impl Send for Job {}
+unsafe impl Sync for Job {}
+
+impl Job {
+    /// Claims and runs tasks until none are left.
+    fn work(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::AcqRel);
+            if i >= self.n_tasks {
+                return;
+            }
+            // SAFETY: see the `Send`/`Sync` impls above.
+            unsafe { (*self.task)(i) };
+            self.remaining.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+struct Shared {
+    current: Mutex<Option<Arc<Job>>>,
+    generation: AtomicU64,
+    sleepers: AtomicUsize,
+    wake: Condvar,
+    shutdown: AtomicBool,
+}
+
+/// A pool of `threads - 1` workers plus the caller.
+pub struct Pool {
+    shared: Arc<Shared>,
+    busy: Mutex<()>,
+    threads: usize,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    /// Starts a pool that runs jobs on `threads` threads (the caller included).
+    pub fn new(threads: usize) -> Self {
+        let threads = threads.max(1);
+        let shared = Arc::new(Shared {
+            current: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            sleepers: AtomicUsize::new(0),
+            wake: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+        });
+        let workers = (1..threads)
+            .map(|i| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("kiln-worker-{i}"))
+                    .spawn(move || worker_loop(&shared))
+                    .expect("spawning a kernel worker thread")
+            })
+            .collect();
+        Self { shared, busy: Mutex::new(()), threads, workers }
+    }
+
+    /// Threads a job runs on.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Runs `task(i)` for every `i < n_tasks`, spread over the pool; returns when all are done.
+    pub fn run(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        if n_tasks == 0 {
+            return;
+        }
+        let guard = match self.busy.try_lock() {
+            Ok(g) if self.threads > 1 && n_tasks > 1 => g,
+            _ => {
+                (0..n_tasks).for_each(task);
+                return;
+            }
+        };
+        // SAFETY (lifetime erasure): this function does not return until `remaining` is zero,
+        // so the closure outlives every call; see `Job`.
+        let task: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(task) };
+        let job = Arc::new(Job { task, n_tasks, next: AtomicUsize::new(0), remaining: AtomicUsize::new(n_tasks) });
+        *lock(&self.shared.current) = Some(job.clone());
+        self.shared.generation.fetch_add(1, Ordering::Release);
+        if self.shared.sleepers.load(Ordering::Acquire) > 0 {
+            let _g = lock(&self.shared.current);
+            self.shared.wake.notify_all();
+        }
+        job.work();
+        while job.remaining.load(Ordering::Acquire) > 0 {
+            std::hint::spin_loop();
+        }
+        *lock(&self.shared.current) = None;
+        drop(guard);
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        {
+            let _g = lock(&self.shared.current);
+            self.shared.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn worker_loop(shared: &Shared) {
+    let mut seen = shared.generation.load(Ordering::Acquire);
+    loop {
+        let started = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if shared.shutdown.load(Ordering::Acquire) {
+                return;
+            }
+            let g = shared.generation.load(Ordering::Acquire);
+            if g != seen {
+                seen = g;
+                break;
+            }
+            spins += 1;
+            if spins % 64 == 0 && started.elapsed() > SPIN {
+                let mut slot = lock(&shared.current);
+                shared.sleepers.fetch_add(1, Ordering::AcqRel);
+                while shared.generation.load(Ordering::Acquire) == seen && !shared.shutdown.load(Ordering::Acquire) {
+                    slot = shared.wake.wait(slot).unwrap_or_else(|p| p.into_inner());
+                }
+                shared.sleepers.fetch_sub(1, Ordering::AcqRel);
+                drop(slot);
+            }
+            std::hint::spin_loop();
+        }
+        let job = lock(&shared.current).clone();
+        if let Some(job) = job {
+            job.work();
+        }
+    }
+}
+
+static GLOBAL: OnceLock<RwLock<Arc<Pool>>> = OnceLock::new();
+
+fn global_slot() -> &'static RwLock<Arc<Pool>> {
+    GLOBAL.get_or_init(|| {
+        let n = std::env::var("KILN_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        RwLock::new(Arc::new(Pool::new(n)))
+    })
+}
+
+/// The process-wide pool (all cores, or `KILN_THREADS`, until [`set_threads`] is called).
+pub fn global() -> Arc<Pool> {
+    global_slot().read().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// Replaces the process-wide pool with one of `threads` threads.
+pub fn set_threads(threads: usize) {
+    let mut slot = global_slot().write().unwrap_or_else(|p| p.into_inner());
+    if slot.threads() != threads.max(1) {
+        *slot = Arc::new(Pool::new(threads));
+    }
+}
+
+/// Runs `task(i)` for `i < n_tasks` on the process-wide pool.
+pub fn parallel_for(n_tasks: usize, task: impl Fn(usize) + Sync) {
+    global().run(n_tasks, &task);
+}
+
+/// Splits `data` into `chunk`-sized pieces (the last may be shorter) and runs
+/// `f(index, piece)` for each on the process-wide pool, grouping pieces so each task gets at
+/// least `min_per_task` of them.
+pub fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, min_per_task: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    if data.is_empty() || chunk == 0 {
+        return;
+    }
+    let n_chunks = data.len().div_ceil(chunk);
+    let pool = global();
+    let per_task = n_chunks.div_ceil(pool.threads() * 4).max(min_per_task.max(1));
+    let n_tasks = n_chunks.div_ceil(per_task);
+    let len = data.len();
+    let base = SendPtr(data.as_mut_ptr());
+    pool.run(n_tasks, &|t| {
+        let first = t * per_task;
+        for c in first..(first + per_task).min(n_chunks) {
+            let start = c * chunk;
+            let end = (start + chunk).min(len);
+            // SAFETY: chunk ranges are disjoint, inside `data`, and `data` is borrowed mutably
+            // for the whole call, which returns only after every task has finished.
+            let piece = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), end - start) };
+            f(c, piece);
+        }
+    });
+}
+
+/// A raw pointer that tasks writing disjoint ranges may share.
+struct SendPtr<T>(*mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
+// SAFETY: only used by `for_each_chunk_mut`, whose tasks touch disjoint elements.
+unsafe impl<T: Send> Send for SendPtr<T> {}
+unsafe impl<T: Send> Sync for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_runs_exactly_once() {
+        let pool = Pool::new(3);
+        for n in [0, 1, 2, 7, 100, 1000] {
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(n, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n = {n}");
+        }
+    }
+
+    #[test]
+    fn concurrent_and_nested_callers_are_correct() {
+        let pool = Arc::new(Pool::new(2));
+        let total = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (pool, total) = (pool.clone(), total.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        pool.run(8, &|_| {
+                            // Nested use runs inline.
+                            pool.run(2, &|_| {
+                                total.fetch_add(1, Ordering::Relaxed);
+                            });
+                        });
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("caller thread");
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 4 * 200 * 8 * 2);
+    }
+
+    #[test]
+    fn chunks_cover_the_slice_once() {
+        let mut v = vec![0usize; 1003];
+        for_each_chunk_mut(&mut v, 10, 3, |c, piece| {
+            for (j, x) in piece.iter_mut().enumerate() {
+                *x += c * 10 + j + 1;
+            }
+        });
+        assert!(v.iter().enumerate().all(|(i, &x)| x == i + 1));
+    }
+
+    #[test]
+    fn parked_workers_wake_up() {
+        let pool = Pool::new(2);
+        std::thread::sleep(Duration::from_millis(20));
+        let sum = AtomicUsize::new(0);
+        pool.run(64, &|i| {
+            sum.fetch_add(i, Ordering::Relaxed);
+        });
+        assert_eq!(sum.load(Ordering::Relaxed), 64 * 63 / 2);
+    }
+}
