@@ -13,11 +13,20 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let file_len = data.len() as u64;
-    let Ok(header) = GgufHeader::parse(data, file_len) else { return };
+    let Ok(header) = GgufHeader::parse(data, file_len) else {
+        return;
+    };
     // `GgufFile::tensor_data` slices the map without further checks, relying on this.
     for t in &header.tensors {
-        let end = header.data_offset.checked_add(t.offset).and_then(|s| s.checked_add(t.size_bytes));
-        assert!(end.is_some_and(|e| e <= file_len), "{} escapes the file", t.name);
+        let end = header
+            .data_offset
+            .checked_add(t.offset)
+            .and_then(|s| s.checked_add(t.size_bytes));
+        assert!(
+            end.is_some_and(|e| e <= file_len),
+            "{} escapes the file",
+            t.name
+        );
     }
     let _ = config_from_gguf(Path::new("fuzz.gguf"), &header);
     if let Ok(tok) = tokenizer_from_gguf(&header) {

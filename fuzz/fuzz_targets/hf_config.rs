@@ -9,6 +9,8 @@ use kiln_model::config::config_from_hf_json;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(json) = serde_json::from_slice::<serde_json::Value>(data) else { return };
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
     let _ = config_from_hf_json(Path::new("config.json"), &json);
 });

@@ -144,11 +144,13 @@ impl TensorSource for GgufSource {
     }
 
     fn total_tensor_bytes(&self) -> u64 {
+        // Tensors may overlap in a hostile file, so their sizes can add up past u64 (a panic with
+        // overflow checks on): saturate, the answer is "too much" either way.
         self.file
             .header()
             .tensors
             .iter()
             .map(|t| t.size_bytes)
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 }

@@ -20,6 +20,11 @@ pub trait TensorSource {
     fn tensor(&self, name: &str) -> Result<Option<HostTensor>, ModelError>;
     /// Total bytes of tensor data (what loading will hold in memory).
     fn total_tensor_bytes(&self) -> u64;
+    /// The file that holds tensor `name`, so that an error about it names the shard, not only the
+    /// folder; [`TensorSource::path`] unless the source spans several files.
+    fn file_of(&self, _name: &str) -> &Path {
+        self.path()
+    }
 }
 
 /// Fetches a tensor that must exist and have `rows × cols` elements (rows = 1 for vectors).
@@ -63,7 +68,7 @@ fn check_shape(
 ) -> Result<(), ModelError> {
     if t.rows != rows || t.cols != cols {
         return Err(ModelError::Tensor {
-            path: src.path().to_path_buf(),
+            path: src.file_of(name).to_path_buf(),
             name: name.into(),
             reason: format!("shape [{}, {}], expected [{rows}, {cols}]", t.rows, t.cols),
         });

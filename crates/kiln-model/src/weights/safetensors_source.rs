@@ -164,4 +164,11 @@ impl TensorSource for SafetensorsSource {
             .map(|e| (e.end - e.start) as u64)
             .sum()
     }
+
+    fn file_of(&self, name: &str) -> &Path {
+        match self.entries.get(name).and_then(|e| self.files.get(e.file)) {
+            Some((path, _)) => path,
+            None => &self.dir,
+        }
+    }
 }
