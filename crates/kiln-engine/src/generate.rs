@@ -109,13 +109,7 @@ impl<B: Backend> Engine<B> {
             ));
         }
         let cfg = &model.config;
-        let layout = KvLayout {
-            n_layers: cfg.num_layers,
-            n_kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
-            n_slots: 1,
-            capacity: options.context_len,
-        };
+        let layout = KvLayout::for_model(cfg, 1, options.context_len);
         let kv = backend.new_kv(layout)?;
         Ok(Self {
             backend,
@@ -139,6 +133,11 @@ impl<B: Backend> Engine<B> {
     /// Engine settings.
     pub fn options(&self) -> EngineOptions {
         self.options
+    }
+
+    /// Positions of slot 0's KV that hold the previous request's tokens (prompt cache).
+    pub fn cached_len(&self) -> usize {
+        self.slot_tokens.len()
     }
 
     /// Forgets the cached prefix.

@@ -10,13 +10,7 @@ use support::*;
 
 fn greedy<B: Backend>(b: &B, model: &Model<B>, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
     let cfg = model.config();
-    let layout = KvLayout {
-        n_layers: cfg.num_layers,
-        n_kv_heads: cfg.num_kv_heads,
-        head_dim: cfg.head_dim,
-        n_slots: 1,
-        capacity: 256,
-    };
+    let layout = KvLayout::for_model(cfg, 1, 256);
     let mut kv = b.new_kv(layout).expect("kv");
     let mut logits = model
         .forward(

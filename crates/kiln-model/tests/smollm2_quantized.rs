@@ -15,13 +15,7 @@ fn all_logits(dense: bool, files: &ModelFiles, tokens: &[u32]) -> Vec<f32> {
     let backend = CpuBackend::new(CpuOptions { dense });
     let model = Model::load(&backend, files.tensors(), files.config.clone()).expect("load");
     let cfg = model.config();
-    let layout = KvLayout {
-        n_layers: cfg.num_layers,
-        n_kv_heads: cfg.num_kv_heads,
-        head_dim: cfg.head_dim,
-        n_slots: 1,
-        capacity: 2048,
-    };
+    let layout = KvLayout::for_model(cfg, 1, 2048);
     let mut kv = backend.new_kv(layout).expect("kv");
     let mut out = vec![];
     for (i, chunk) in tokens.chunks(512).enumerate() {

@@ -22,13 +22,7 @@ fn run<B: Backend>(backend: &B, folder: &str) -> Outcome {
     let cfg = files.config.clone();
     let model = Model::load(backend, files.tensors(), cfg.clone()).expect("load");
     let inputs = ids(&read_json(&dir.join("inputs.json"))["input_ids"]);
-    let layout = KvLayout {
-        n_layers: cfg.num_layers,
-        n_kv_heads: cfg.num_kv_heads,
-        head_dim: cfg.head_dim,
-        n_slots: 1,
-        capacity: 128,
-    };
+    let layout = KvLayout::for_model(&cfg, 1, 128);
 
     let mut kv = backend.new_kv(layout).expect("kv");
     let all_logits = model

@@ -88,6 +88,19 @@ pub struct KvLayout {
     pub capacity: usize,
 }
 
+impl KvLayout {
+    /// The layout a model with `config` needs for `n_slots` sequences of `capacity` positions.
+    pub fn for_model(config: &crate::config::ModelConfig, n_slots: usize, capacity: usize) -> Self {
+        Self {
+            n_layers: config.num_layers,
+            n_kv_heads: config.num_kv_heads,
+            head_dim: config.head_dim,
+            n_slots,
+            capacity,
+        }
+    }
+}
+
 /// Engine-owned key/value storage for a set of sequence slots.
 pub trait KvStore: Send {
     /// The layout it was created with.
