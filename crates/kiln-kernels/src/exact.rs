@@ -38,9 +38,16 @@ pub fn matmul_f32_activations(
 /// One row × one f32 vector at `level` (clamped to the hardware).
 pub fn dot_at(level: CpuLevel, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if ty == GgmlType::Q8_0 && level.clamp_to_hardware() >= CpuLevel::Avx2 {
-        // SAFETY: the level check guarantees avx2 and fma.
-        return unsafe { q8_0_f32_avx2(row, x) };
+    if ty == GgmlType::Q8_0 {
+        let level = level.clamp_to_hardware();
+        if level >= CpuLevel::Avx512 {
+            // SAFETY: the level check guarantees the AVX-512 feature set.
+            return unsafe { q8_0_f32_avx512(row, x) };
+        }
+        if level >= CpuLevel::Avx2 {
+            // SAFETY: the level check guarantees avx2, fma and f16c.
+            return unsafe { q8_0_f32_avx2(row, x) };
+        }
     }
     let _ = level;
     if ty == GgmlType::Q8_0 {
@@ -77,12 +84,32 @@ fn generic_scalar(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn q8_0_f32_avx512(row: &[u8], x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = _mm512_setzero_ps();
+    for (block, xs) in row.chunks_exact(Q8_0_BYTES).zip(x.chunks_exact(32)) {
+        let d = crate::dot::avx2::f16c(f16::from_le_bytes([block[0], block[1]]));
+        // SAFETY: block has 2 + 32 bytes and xs 32 floats; the loads read 16 of each at
+        // offsets 0 and 16.
+        let partial = unsafe {
+            let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(block.as_ptr().add(2).cast())));
+            let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(block.as_ptr().add(18).cast())));
+            let p = _mm512_mul_ps(lo, _mm512_loadu_ps(xs.as_ptr()));
+            _mm512_fmadd_ps(hi, _mm512_loadu_ps(xs.as_ptr().add(16)), p)
+        };
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), partial, acc);
+    }
+    _mm512_reduce_add_ps(acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn q8_0_f32_avx2(row: &[u8], x: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     let mut acc = _mm256_setzero_ps();
     for (block, xs) in row.chunks_exact(Q8_0_BYTES).zip(x.chunks_exact(32)) {
-        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let d = crate::dot::avx2::f16c(f16::from_le_bytes([block[0], block[1]]));
         let mut partial = _mm256_setzero_ps();
         for k in 0..4 {
             // SAFETY: block has 2 + 32 bytes and xs has 32 floats; each load reads 8 of each

@@ -9,8 +9,23 @@
 use crate::blocks::*;
 use std::arch::x86_64::*;
 
+/// One f16 → f32 with the F16C instruction, inlined: `half`'s conversion re-checks the CPU
+/// feature on every call, which costs more than the block's integer dot product.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn f16c(h: half::f16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
+}
+
+/// The little-endian f16 at `off` of a block, through F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn f16c_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
+    f16c(half::f16::from_bits(u16::from_le_bytes([b[off], b[off + 1]])))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn hsum_ps(v: __m256) -> f32 {
     let lo = _mm256_castps256_ps128(v);
     let hi = _mm256_extractf128_ps::<1>(v);
@@ -23,7 +38,7 @@ pub(crate) fn hsum_ps(v: __m256) -> f32 {
 /// 16 packed bytes → 32 bytes: low nibbles in bytes 0..16, high nibbles in 16..32, which is
 /// the element order of the legacy 4/5-bit blocks.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn nibbles(qs: &[u8; 16]) -> __m256i {
     // SAFETY: reads exactly the 16 bytes of `qs`.
     let v = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
@@ -35,7 +50,7 @@ pub(crate) fn nibbles(qs: &[u8; 16]) -> __m256i {
 
 /// Expands the 32 bits of `qh` into 32 bytes that are 0xFF where the bit is set.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn bits_to_bytes(qh: u32) -> __m256i {
     let v = _mm256_set1_epi32(qh as i32);
     // Byte i takes source byte i/8 ...
@@ -52,7 +67,7 @@ pub(crate) fn bits_to_bytes(qh: u32) -> __m256i {
 }
 
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn load32(p: &[i8; 32]) -> __m256i {
     // SAFETY: reads exactly the 32 bytes of `p`.
     unsafe { _mm256_loadu_si256(p.as_ptr().cast()) }
@@ -61,7 +76,7 @@ fn load32(p: &[i8; 32]) -> __m256i {
 /// Loads the 32 bytes at `OFF` of a block; the const assert makes an out-of-range offset a
 /// compile error rather than a runtime check.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn load32_at<const OFF: usize, const N: usize>(b: &[u8; N]) -> __m256i {
     const { assert!(OFF + 32 <= N) };
     // SAFETY: OFF + 32 <= N, checked at compile time.
@@ -70,7 +85,7 @@ fn load32_at<const OFF: usize, const N: usize>(b: &[u8; N]) -> __m256i {
 
 /// Unsigned × signed byte products summed into 8 i32 lanes, as f32.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_us8(x_u8: __m256i, y_i8: __m256i) -> __m256 {
     let p16 = _mm256_maddubs_epi16(x_u8, y_i8);
     let p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
@@ -81,7 +96,7 @@ pub(crate) fn dot_us8(x_u8: __m256i, y_i8: __m256i) -> __m256 {
 /// Exact as long as y has no -128 (negating it wraps); the Q8 quantizers only emit ±127,
 /// as in ggml, so hand-built activation blocks must respect that too.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_ss8(x: __m256i, y: __m256i) -> __m256 {
     dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
 }
@@ -98,12 +113,12 @@ fn qs16<const OFF: usize, const N: usize>(b: &[u8; N]) -> &[u8; 16] {
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn q4_0_q8_0(w: &[[u8; Q4_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let eight = _mm256_set1_epi8(8);
     for (b, y) in w.iter().zip(a) {
-        let d = _mm256_set1_ps(f16_at(b, 0) * y.d.to_f32());
+        let d = _mm256_set1_ps(f16c_at(b, 0) * f16c(y.d));
         let q = _mm256_sub_epi8(nibbles(qs16::<2, _>(b)), eight);
         acc = _mm256_fmadd_ps(d, dot_ss8(q, load32(&y.qs)), acc);
     }
@@ -114,13 +129,13 @@ pub fn q4_0_q8_0(w: &[[u8; Q4_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn q4_1_q8_1(w: &[[u8; Q4_1_BYTES]], a: &[BlockQ8_1]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut summ = 0.0f32;
     for (b, y) in w.iter().zip(a) {
-        let d = _mm256_set1_ps(f16_at(b, 0) * y.d.to_f32());
-        summ += f16_at(b, 2) * y.s.to_f32();
+        let d = _mm256_set1_ps(f16c_at(b, 0) * f16c(y.d));
+        summ += f16c_at(b, 2) * f16c(y.s);
         acc = _mm256_fmadd_ps(d, dot_us8(nibbles(qs16::<4, _>(b)), load32(&y.qs)), acc);
     }
     hsum_ps(acc) + summ
@@ -130,13 +145,13 @@ pub fn q4_1_q8_1(w: &[[u8; Q4_1_BYTES]], a: &[BlockQ8_1]) -> f32 {
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn q5_0_q8_0(w: &[[u8; Q5_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let bit4 = _mm256_set1_epi8(0x10);
     let sixteen = _mm256_set1_epi8(16);
     for (b, y) in w.iter().zip(a) {
-        let d = _mm256_set1_ps(f16_at(b, 0) * y.d.to_f32());
+        let d = _mm256_set1_ps(f16c_at(b, 0) * f16c(y.d));
         let hi = _mm256_and_si256(bits_to_bytes(u32_at(b, 2)), bit4);
         let q = _mm256_sub_epi8(_mm256_or_si256(nibbles(qs16::<6, _>(b)), hi), sixteen);
         acc = _mm256_fmadd_ps(d, dot_ss8(q, load32(&y.qs)), acc);
@@ -148,14 +163,14 @@ pub fn q5_0_q8_0(w: &[[u8; Q5_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn q5_1_q8_1(w: &[[u8; Q5_1_BYTES]], a: &[BlockQ8_1]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut summ = 0.0f32;
     let bit4 = _mm256_set1_epi8(0x10);
     for (b, y) in w.iter().zip(a) {
-        let d = _mm256_set1_ps(f16_at(b, 0) * y.d.to_f32());
-        summ += f16_at(b, 2) * y.s.to_f32();
+        let d = _mm256_set1_ps(f16c_at(b, 0) * f16c(y.d));
+        summ += f16c_at(b, 2) * f16c(y.s);
         let hi = _mm256_and_si256(bits_to_bytes(u32_at(b, 4)), bit4);
         let q = _mm256_or_si256(nibbles(qs16::<8, _>(b)), hi);
         acc = _mm256_fmadd_ps(d, dot_us8(q, load32(&y.qs)), acc);
@@ -167,11 +182,11 @@ pub fn q5_1_q8_1(w: &[[u8; Q5_1_BYTES]], a: &[BlockQ8_1]) -> f32 {
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn q8_0_q8_0(w: &[[u8; Q8_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (b, y) in w.iter().zip(a) {
-        let d = _mm256_set1_ps(f16_at(b, 0) * y.d.to_f32());
+        let d = _mm256_set1_ps(f16c_at(b, 0) * f16c(y.d));
         acc = _mm256_fmadd_ps(d, dot_ss8(load32_at::<2, _>(b), load32(&y.qs)), acc);
     }
     hsum_ps(acc)
@@ -215,7 +230,7 @@ macro_rules! float_dot {
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn f32s_f32(w: &[f32], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     // SAFETY: float_dot only loads at i + 8 <= n.
@@ -231,7 +246,7 @@ pub fn f32s_f32(w: &[f32], x: &[f32]) -> f32 {
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn f32_f32(w: &[[u8; 4]], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     let p = w.as_ptr().cast::<f32>();
@@ -263,7 +278,7 @@ pub fn f16_f32(w: &[[u8; 2]], x: &[f32]) -> f32 {
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn bf16_f32(w: &[[u8; 2]], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     let p = w.as_ptr().cast::<u8>();

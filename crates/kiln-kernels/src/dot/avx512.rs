@@ -5,7 +5,7 @@
 //!
 //! Safety: every function requires [`crate::CpuLevel::Avx512`] (which includes the AVX2 set).
 
-use super::avx2;
+use super::avx2::{self, f16c, f16c_at};
 use crate::blocks::*;
 use std::arch::x86_64::*;
 
@@ -56,9 +56,9 @@ pub fn q4_1_q8_1(w: &[[u8; Q4_1_BYTES]], a: &[BlockQ8_1]) -> f32 {
         let x = join(avx2::nibbles(q0), avx2::nibbles(q1));
         let y = load_pair(&y0.qs, &y1.qs);
         let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x, y);
-        let d = scales(f16_at(b0, 0) * y0.d.to_f32(), f16_at(b1, 0) * y1.d.to_f32());
+        let d = scales(f16c_at(b0, 0) * f16c(y0.d), f16c_at(b1, 0) * f16c(y1.d));
         acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
-        summ += f16_at(b0, 2) * y0.s.to_f32() + f16_at(b1, 2) * y1.s.to_f32();
+        summ += f16c_at(b0, 2) * f16c(y0.s) + f16c_at(b1, 2) * f16c(y1.s);
     }
     _mm512_reduce_add_ps(acc) + summ + avx2::q4_1_q8_1(wt, at)
 }
@@ -88,7 +88,7 @@ pub fn q8_0_q8_0(w: &[[u8; Q8_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
         let neg = _mm512_movepi8_mask(x);
         let sy = _mm512_mask_sub_epi8(y, neg, zero, y);
         let p = _mm512_dpbusd_epi32(zero, ax, sy);
-        let d = scales(f16_at(b0, 0) * y0.d.to_f32(), f16_at(b1, 0) * y1.d.to_f32());
+        let d = scales(f16c_at(b0, 0) * f16c(y0.d), f16c_at(b1, 0) * f16c(y1.d));
         acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
     }
     _mm512_reduce_add_ps(acc) + avx2::q8_0_q8_0(wt, at)
