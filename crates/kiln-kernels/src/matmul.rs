@@ -157,6 +157,66 @@ pub(crate) fn par_drive(
     pool.run(n_tasks, &task);
 }
 
+/// Like [`par_drive`], but `tile(r, t0, out)` computes row `r` against tokens `t0..t0 +
+/// out.len()` at once (at most [`TOKEN_TILE`] tokens).
+fn par_drive_tiles(rows: usize, n_tokens: usize, out: &mut [f32], tile: impl Fn(usize, usize, &mut [f32]) + Sync) {
+    debug_assert_eq!(out.len(), rows * n_tokens);
+    if rows == 0 || n_tokens == 0 {
+        return;
+    }
+    let pool = crate::pool::global();
+    let per_task = rows.div_ceil(pool.threads() * 4).max(MIN_ROWS_PER_TASK / 4);
+    let n_tasks = rows.div_ceil(per_task);
+    let ptr = OutPtr(out.as_mut_ptr());
+    pool.run(n_tasks, &|c: usize| {
+        let (r0, r1) = (c * per_task, ((c + 1) * per_task).min(rows));
+        let mut buf = [0f32; TOKEN_TILE];
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let t1 = (t0 + TOKEN_TILE).min(n_tokens);
+            for r in r0..r1 {
+                tile(r, t0, &mut buf[..t1 - t0]);
+                for (k, v) in buf[..t1 - t0].iter().enumerate() {
+                    // SAFETY: t0 + k < n_tokens and r < rows: in bounds of `out`; tasks own
+                    // disjoint row ranges.
+                    unsafe { *ptr.get().add((t0 + k) * rows + r) = *v };
+                }
+            }
+            t0 = t1;
+        }
+    });
+}
+
+/// One Q4_1 row against a tile of Q8_1 activation rows, through the AVX-512 tile kernel.
+#[cfg(target_arch = "x86_64")]
+fn q4_1_tile(row: &[u8], acts: &QuantizedActivations, t0: usize, out: &mut [f32]) {
+    use crate::dot::avx512::q4_1_q8_1_tile;
+    let w = row.as_chunks().0;
+    let a = |k: usize| match acts.row(t0 + k) {
+        Some(ActRow::Q8_1(blocks)) => blocks,
+        _ => &[],
+    };
+    macro_rules! tile {
+        ($n:literal) => {{
+            let rows: [&[crate::blocks::BlockQ8_1]; $n] = std::array::from_fn(a);
+            let mut res = [0f32; $n];
+            // SAFETY: only called when the CPU level is AVX-512.
+            unsafe { q4_1_q8_1_tile::<$n>(w, rows, &mut res) };
+            out.copy_from_slice(&res);
+        }};
+    }
+    match out.len() {
+        8 => tile!(8),
+        7 => tile!(7),
+        6 => tile!(6),
+        5 => tile!(5),
+        4 => tile!(4),
+        3 => tile!(3),
+        2 => tile!(2),
+        _ => tile!(1),
+    }
+}
+
 /// `out[t * rows + r] = dot(W row r, x row t)` for `x` of shape `[n_tokens, cols]`
 /// (row-major). Activations are quantized once into `scratch` (format chosen by the weight
 /// type); no allocation happens once `scratch` has seen this size.
@@ -186,6 +246,13 @@ pub fn matmul(
     }
     scratch.quantize_rows_into(w.ty, x, n_tokens)?;
     let scratch = &*scratch;
+    #[cfg(target_arch = "x86_64")]
+    if ty == GgmlType::Q4_1 && level >= crate::level::CpuLevel::Avx512 && n_tokens > 1 {
+        par_drive_tiles(w.rows, n_tokens, out, |r, t0, tile| {
+            q4_1_tile(&data[r * rb..(r + 1) * rb], scratch, t0, tile)
+        });
+        return Ok(());
+    }
     par_drive(w.rows, n_tokens, out, |r, t| match scratch.row(t) {
         Some(act) => dot_unchecked(level, ty, &data[r * rb..(r + 1) * rb], act),
         None => 0.0,
