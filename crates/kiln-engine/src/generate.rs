@@ -9,6 +9,7 @@ use kiln_model::backend::{Backend, BatchLayout, KvLayout, KvStore};
 use crate::EngineError;
 use crate::detok::IncrementalDecoder;
 use crate::load::LoadedModel;
+use crate::prompt_cache::{PromptCache, PromptCacheStats};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::stats::{GenerationStats, peak_rss_bytes, per_sec};
 use crate::stop::StopMatcher;
@@ -94,6 +95,8 @@ pub struct Engine<B: Backend> {
     options: EngineOptions,
     /// Tokens whose KV slot 0 currently holds, so the next prompt can reuse a common prefix.
     slot_tokens: Vec<u32>,
+    /// Saved prefixes other than the slot's (off unless enabled).
+    prompt_cache: Option<PromptCache>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -117,6 +120,7 @@ impl<B: Backend> Engine<B> {
             kv,
             options,
             slot_tokens: Vec::new(),
+            prompt_cache: None,
         })
     }
 
@@ -138,6 +142,18 @@ impl<B: Backend> Engine<B> {
     /// Positions of slot 0's KV that hold the previous request's tokens (prompt cache).
     pub fn cached_len(&self) -> usize {
         self.slot_tokens.len()
+    }
+
+    /// Keeps up to `max_bytes` of KV snapshots of earlier prompts (spec §11.1), so switching
+    /// between conversations re-prefills only the new turn; 0 turns the cache off (the slot's
+    /// own prefix is still reused).
+    pub fn set_prompt_cache_bytes(&mut self, max_bytes: usize) {
+        self.prompt_cache = (max_bytes > 0).then(|| PromptCache::new(max_bytes));
+    }
+
+    /// Counters of the prompt cache, when it is on.
+    pub fn prompt_cache_stats(&self) -> Option<PromptCacheStats> {
+        self.prompt_cache.as_ref().map(PromptCache::stats)
     }
 
     /// Forgets the cached prefix.
@@ -201,13 +217,16 @@ impl<B: Backend> Engine<B> {
     /// last position's logits and how many prompt tokens were reused.
     fn prefill(&mut self, prompt: &[u32]) -> Result<(Vec<f32>, usize), EngineError> {
         // At least one token must be computed to get logits.
-        let common = self
+        let mut common = self
             .slot_tokens
             .iter()
             .zip(prompt)
             .take_while(|(a, b)| a == b)
             .count()
             .min(prompt.len() - 1);
+        if self.prompt_cache.is_some() {
+            common = self.swap_in_cached(prompt, common);
+        }
         self.slot_tokens.truncate(common);
         let mut logits = Vec::new();
         let mut pos = common;
@@ -224,6 +243,29 @@ impl<B: Backend> Engine<B> {
             self.slot_tokens.extend_from_slice(chunk);
         }
         Ok((logits, common))
+    }
+
+    /// Consults the prompt cache before the slot is overwritten past `common`: saves the slot's
+    /// contents, and restores a saved entry that shares more of `prompt`. Returns the prefix
+    /// length now valid in the slot.
+    fn swap_in_cached(&mut self, prompt: &[u32], common: usize) -> usize {
+        let Some(cache) = self.prompt_cache.as_mut() else {
+            return common;
+        };
+        let taken = cache.take(prompt, common);
+        if taken.is_some() || common < self.slot_tokens.len() {
+            if let Some(snap) = self.kv.export_prefix(0, self.slot_tokens.len()) {
+                cache.put(self.slot_tokens.clone(), snap);
+            }
+        }
+        match taken {
+            Some((tokens, snap, p)) if self.kv.import_prefix(0, &snap, p) => {
+                self.slot_tokens = tokens[..p].to_vec();
+                p
+            }
+            // The slot was not changed by a failed import: keep what it had.
+            _ => common,
+        }
     }
 
     /// Generates for `req`, calling `on_text` with each piece of text that is safe to show;

@@ -8,6 +8,7 @@ pub mod detok;
 pub mod error;
 pub mod generate;
 pub mod load;
+pub mod prompt_cache;
 pub mod sampler;
 pub mod stats;
 pub mod stop;

@@ -1,1 +1,76 @@
-//! placeholder
+//! kiln's HTTP server: OpenAI- and Anthropic-compatible endpoints in front of the engine.
+//!
+//! The HTTP side turns JSON into typed requests ([`generation::Prepared`]) and hands them to the
+//! [`gateway::Gateway`], which owns the engine on its own thread; nothing here touches the
+//! engine directly, so batching can later replace the gateway's loop without touching a route.
+
+pub mod anthropic;
+pub mod auth;
+pub mod body;
+pub mod errors;
+pub mod gateway;
+pub mod generation;
+pub mod openai;
+pub mod openapi;
+pub mod page;
+pub mod prompt;
+pub mod routes;
+pub mod sampling;
+pub mod state;
+pub mod stats;
+pub mod tools;
+
+use std::future::Future;
+use std::sync::Arc;
+
+pub use gateway::{Gateway, Generator};
+pub use state::{AppState, ModelInfo, ServerConfig, SharedState};
+
+/// Default largest request body: 4 MiB (a 10 MB body is a 413).
+pub const DEFAULT_BODY_LIMIT: usize = 4 << 20;
+
+/// Serves on `listener` until `shutdown` resolves, then lets in-flight requests finish and
+/// stops the engine thread.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    info: ModelInfo,
+    gateway: Arc<Gateway>,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let local_addr = listener.local_addr()?;
+    let state = Arc::new(AppState::new(info, gateway.clone(), config, local_addr));
+    let app = routes::router(state);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    // Every connection has closed, so nothing waits on the engine any more.
+    let g = gateway.clone();
+    tokio::task::spawn_blocking(move || g.shutdown())
+        .await
+        .map_err(std::io::Error::other)?;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down: draining in-flight requests");
+}

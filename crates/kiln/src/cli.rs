@@ -24,6 +24,13 @@ pub enum Command {
     Models(ModelsArgs),
     /// Download a model (default: the starter model, SmolLM2-135M-Instruct Q4_1).
     Pull(PullArgs),
+    /// Serve the model over OpenAI- and Anthropic-compatible HTTP with a chat page (the default verb).
+    Serve(crate::cmd::serve::ServeArgs),
+    /// List, show, follow, cancel and submit lab jobs on a running server.
+    Jobs(crate::cmd::jobs::JobsArgs),
+    /// Run one heavy job (internal: the server's job host starts `kiln __job <id>`).
+    #[command(name = "__job", hide = true)]
+    Job(crate::cmd::jobs::ChildArgs),
 }
 
 /// Options shared by every verb that runs a model.

@@ -16,11 +16,11 @@ fn main() -> ExitCode {
         Some(cli::Command::Bench(args)) => cmd::bench::run(args),
         Some(cli::Command::Models(args)) => cmd::models::run(args),
         Some(cli::Command::Pull(args)) => cmd::pull::run(args),
-        None => {
-            use clap::CommandFactory;
-            let _ = cli::Cli::command().print_help();
-            Ok(())
-        }
+        Some(cli::Command::Serve(args)) => cmd::serve::run(args),
+        Some(cli::Command::Jobs(args)) => cmd::jobs::run(args),
+        Some(cli::Command::Job(args)) => return cmd::jobs::child(args),
+        // `kiln` alone serves the starter model.
+        None => cmd::serve::ServeArgs::defaults().and_then(cmd::serve::run),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

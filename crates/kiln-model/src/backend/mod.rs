@@ -112,6 +112,37 @@ pub trait KvStore: Send {
     fn set_seq_len(&mut self, slot: usize, len: usize);
     /// Bytes of storage allocated for keys and values.
     fn allocated_bytes(&self) -> usize;
+    /// A copy of positions `0..len` of `slot` (every layer), for a prompt cache; `None` when
+    /// the store cannot export (the default) or `len` exceeds what the slot holds.
+    fn export_prefix(&self, slot: usize, len: usize) -> Option<KvSnapshot> {
+        let _ = (slot, len);
+        None
+    }
+    /// Writes `snapshot`'s first `len` positions into `slot` and makes that its length; false
+    /// (and nothing changed) when the store cannot import or the snapshot does not fit.
+    fn import_prefix(&mut self, slot: usize, snapshot: &KvSnapshot, len: usize) -> bool {
+        let _ = (slot, snapshot, len);
+        false
+    }
+}
+
+/// Keys and values of a run of positions, copied out of a [`KvStore`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvSnapshot {
+    /// Positions held.
+    pub len: usize,
+    /// Per layer: keys then values, `len × kv_width` each.
+    pub layers: Vec<(Vec<f32>, Vec<f32>)>,
+}
+
+impl KvSnapshot {
+    /// Bytes of key/value data held.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|(k, v)| (k.len() + v.len()) * std::mem::size_of::<f32>())
+            .sum()
+    }
 }
 
 /// Where forward time went, in nanoseconds, since the last [`Backend::take_profile`].

@@ -2,5 +2,7 @@
 
 pub mod bench;
 pub mod generate;
+pub mod jobs;
 pub mod models;
 pub mod pull;
+pub mod serve;

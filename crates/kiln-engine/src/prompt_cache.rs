@@ -1,0 +1,179 @@
+//! The prompt cache (spec §11.1): a byte-capped LRU of KV snapshots keyed by their tokens.
+//! The engine's live slot is the most recent entry; when a request would overwrite part of
+//! it, the slot is saved here first, and a request that shares a longer prefix with a saved
+//! entry than with the slot gets that entry's KV copied back in. So alternating conversations
+//! each re-prefill only their new turn.
+
+use kiln_model::backend::KvSnapshot;
+use serde::Serialize;
+
+/// Counters of the cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PromptCacheStats {
+    /// Saved entries (the live slot not included).
+    pub entries: usize,
+    /// Bytes of KV they hold.
+    pub bytes: usize,
+    /// The cap.
+    pub max_bytes: usize,
+    /// Entries taken back into the slot.
+    pub restores: u64,
+    /// Slot contents saved.
+    pub saves: u64,
+    /// Entries dropped to stay under the cap.
+    pub evictions: u64,
+}
+
+struct Entry {
+    tokens: Vec<u32>,
+    kv: KvSnapshot,
+    last_used: u64,
+}
+
+/// The LRU.
+pub struct PromptCache {
+    entries: Vec<Entry>,
+    max_bytes: usize,
+    clock: u64,
+    stats: PromptCacheStats,
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl PromptCache {
+    /// An empty cache holding at most `max_bytes` of KV.
+    pub fn new(max_bytes: usize) -> Self {
+        Self {
+            entries: Vec::new(),
+            max_bytes,
+            clock: 0,
+            stats: PromptCacheStats {
+                max_bytes,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Removes and returns the entry whose usable prefix with `prompt` is longest, if that is
+    /// longer than `better_than`; the usable prefix leaves at least one prompt token to compute.
+    pub fn take(
+        &mut self,
+        prompt: &[u32],
+        better_than: usize,
+    ) -> Option<(Vec<u32>, KvSnapshot, usize)> {
+        let limit = prompt.len().saturating_sub(1);
+        let (i, p) = self
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (i, common_prefix(&e.tokens, prompt).min(limit).min(e.kv.len)))
+            .max_by_key(|&(_, p)| p)?;
+        if p <= better_than {
+            return None;
+        }
+        let e = self.entries.swap_remove(i);
+        self.stats.restores += 1;
+        self.refresh();
+        Some((e.tokens, e.kv, p))
+    }
+
+    /// Saves `tokens` with their KV, evicting least recently used entries over the cap.
+    pub fn put(&mut self, tokens: Vec<u32>, kv: KvSnapshot) {
+        if tokens.is_empty() || kv.bytes() > self.max_bytes {
+            return;
+        }
+        // An entry that is a prefix of the new one is superseded; one that extends it makes
+        // the new one redundant.
+        if self.entries.iter().any(|e| e.tokens.starts_with(&tokens)) {
+            return;
+        }
+        self.entries.retain(|e| !tokens.starts_with(&e.tokens));
+        self.clock += 1;
+        self.entries.push(Entry {
+            tokens,
+            kv,
+            last_used: self.clock,
+        });
+        self.stats.saves += 1;
+        while self.bytes() > self.max_bytes && self.entries.len() > 1 {
+            let oldest = self
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(i, _)| i);
+            if let Some(i) = oldest {
+                self.entries.swap_remove(i);
+                self.stats.evictions += 1;
+            }
+        }
+        self.refresh();
+    }
+
+    fn bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.kv.bytes()).sum()
+    }
+
+    fn refresh(&mut self) {
+        self.stats.entries = self.entries.len();
+        self.stats.bytes = self.bytes();
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> PromptCacheStats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(len: usize) -> KvSnapshot {
+        KvSnapshot {
+            len,
+            layers: vec![(vec![0.0; len], vec![0.0; len])],
+        }
+    }
+
+    #[test]
+    fn takes_the_longest_prefix_and_keeps_one_token_to_compute() {
+        let mut c = PromptCache::new(1 << 20);
+        c.put(vec![1, 2, 3], snap(3));
+        c.put(vec![1, 9, 9, 9], snap(4));
+        let (tokens, _, p) = c.take(&[1, 2, 3], 0).unwrap();
+        assert_eq!((tokens, p), (vec![1, 2, 3], 2));
+        assert_eq!(c.stats().entries, 1);
+        assert!(c.take(&[1, 9, 9, 9, 5], 4).is_none());
+        assert!(c.take(&[7], 0).is_none());
+    }
+
+    #[test]
+    fn evicts_least_recently_used_over_the_cap() {
+        // Each snapshot of 4 positions is 32 bytes.
+        let mut c = PromptCache::new(70);
+        c.put(vec![1, 1, 1, 1], snap(4));
+        c.put(vec![2, 2, 2, 2], snap(4));
+        c.put(vec![3, 3, 3, 3], snap(4));
+        assert_eq!(c.stats().entries, 2);
+        assert_eq!(c.stats().evictions, 1);
+        assert!(c.take(&[1, 1, 1, 1, 0], 0).is_none());
+        assert!(c.take(&[3, 3, 3, 3, 0], 0).is_some());
+        // Too big for the cap: not kept.
+        let mut c = PromptCache::new(8);
+        c.put(vec![1, 2], snap(2));
+        assert_eq!(c.stats().entries, 0);
+    }
+
+    #[test]
+    fn prefixes_supersede() {
+        let mut c = PromptCache::new(1 << 20);
+        c.put(vec![1, 2], snap(2));
+        c.put(vec![1, 2, 3], snap(3));
+        assert_eq!(c.stats().entries, 1);
+        c.put(vec![1], snap(1));
+        assert_eq!(c.stats().entries, 1);
+    }
+}

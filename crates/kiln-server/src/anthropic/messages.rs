@@ -1,0 +1,140 @@
+//! `POST /v1/messages` and `POST /v1/messages/count_tokens`.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use kiln_engine::{FinishReason, GenerateOutput};
+use serde_json::{Value, json};
+
+use super::stream::MessagesFramer;
+use super::{MessagesRequest, to_openai};
+use crate::body::parse_request;
+use crate::errors::{ApiError, Flavor};
+use crate::generation::{Prepared, collect, plan_max_tokens, sse_response, submit};
+use crate::prompt::{chat_prompt, normalize_messages};
+use crate::state::SharedState;
+use crate::tools::parse_tool_calls;
+
+/// `max_tokens` when a request leaves it out (the API requires it; we are lenient).
+const DEFAULT_MAX_TOKENS: usize = 4096;
+
+fn prompt_of(state: &SharedState, req: &MessagesRequest) -> Result<(Vec<u32>, bool), ApiError> {
+    let (messages, tools) = to_openai(req)?;
+    let messages = normalize_messages(&messages)?;
+    let tools_vec = tools.as_ref().and_then(Value::as_array).cloned();
+    let ids = chat_prompt(&state.info, &messages, tools_vec.as_deref(), None)?;
+    Ok((ids, tools.is_some()))
+}
+
+/// Anthropic `stop_reason` and `stop_sequence`.
+pub fn stop_reason(
+    out: &GenerateOutput,
+    stops: &[String],
+    tool_calls: bool,
+) -> (&'static str, Value) {
+    if tool_calls {
+        return ("tool_use", Value::Null);
+    }
+    if let Some(i) = out.stop_index {
+        return (
+            "stop_sequence",
+            stops.get(i).map_or(Value::Null, |s| json!(s)),
+        );
+    }
+    match out.finish_reason {
+        FinishReason::Length => ("max_tokens", Value::Null),
+        _ => ("end_turn", Value::Null),
+    }
+}
+
+/// Anthropic `usage`.
+pub fn usage(out: &GenerateOutput) -> Value {
+    json!({
+        "input_tokens": out.stats.prompt_tokens,
+        "output_tokens": out.tokens.len(),
+        "cache_read_input_tokens": out.stats.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    })
+}
+
+/// The messages handler.
+pub async fn handler(
+    State(state): State<SharedState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let f = Flavor::Anthropic;
+    let req: MessagesRequest = parse_request(body, f)?;
+    let (prompt, tools_active) = prompt_of(&state, &req).map_err(|e| e.flavor(f))?;
+    let stop = crate::sampling::parse_stop(req.stop_sequences.as_ref(), "stop_sequences")
+        .map_err(|e| e.flavor(f))?;
+    let sampling = req
+        .sampling
+        .resolve(&state, false, 0, false)
+        .map_err(|e| e.flavor(f))?;
+    let max_tokens = plan_max_tokens(
+        &state,
+        prompt.len(),
+        req.max_tokens,
+        DEFAULT_MAX_TOKENS,
+        "max_tokens",
+    )
+    .map_err(|e| e.flavor(f))?;
+    let input_tokens = prompt.len();
+    let rx = submit(
+        &state,
+        Prepared {
+            prompt,
+            max_tokens,
+            sampling,
+            stop: stop.clone(),
+            ignore_eos: false,
+        },
+        f,
+    )?;
+    let id = state.new_id("msg_");
+    if req.stream.unwrap_or(false) {
+        let framer = MessagesFramer::new(state.clone(), id, tools_active, stop, input_tokens);
+        return Ok(sse_response(rx, framer));
+    }
+    let out = collect(rx, f).await?;
+    let mut content = Vec::new();
+    let parsed = tools_active.then(|| parse_tool_calls(&out.text));
+    let text = parsed
+        .as_ref()
+        .map_or(out.text.as_str(), |p| p.content.as_str());
+    if !text.is_empty() {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    let calls = parsed.map(|p| p.calls).unwrap_or_default();
+    for c in &calls {
+        let input: Value = serde_json::from_str(&c.arguments).unwrap_or(json!({}));
+        content.push(json!({"type": "tool_use", "id": state.new_id("toolu_"), "name": c.name, "input": input}));
+    }
+    if content.is_empty() {
+        content.push(json!({"type": "text", "text": ""}));
+    }
+    let (reason, seq) = stop_reason(&out, &stop, !calls.is_empty());
+    Ok(axum::Json(json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": state.info.id,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": seq,
+        "usage": usage(&out),
+    }))
+    .into_response())
+}
+
+/// The count_tokens handler: `{"input_tokens": N}`.
+pub async fn count_tokens(
+    State(state): State<SharedState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let f = Flavor::Anthropic;
+    let req: MessagesRequest = parse_request(body, f)?;
+    let (prompt, _) = prompt_of(&state, &req).map_err(|e| e.flavor(f))?;
+    Ok(axum::Json(json!({"input_tokens": prompt.len()})).into_response())
+}

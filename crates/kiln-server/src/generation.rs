@@ -1,0 +1,186 @@
+//! The path every generation endpoint shares: fit the prompt into the context, hand the typed
+//! request to the gateway, then either wait for the result or stream it as server-sent events.
+
+use std::convert::Infallible;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, header};
+use axum::response::Response;
+use futures_util::stream;
+use kiln_engine::sampler::SamplingParams;
+use kiln_engine::{GenerateOutput, GenerateRequest};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::errors::{ApiError, Flavor};
+use crate::gateway::{Event, GatewayError};
+use crate::state::AppState;
+
+/// A request ready for the engine.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampler settings.
+    pub sampling: SamplingParams,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Keep going past EOS (vLLM's `ignore_eos`, for benchmarks).
+    pub ignore_eos: bool,
+}
+
+/// `max_tokens` for a prompt of `prompt_len` tokens: an explicit value must fit in the context
+/// with the prompt (else 400 before any compute); a default is capped at the room left.
+pub fn plan_max_tokens(
+    state: &AppState,
+    prompt_len: usize,
+    requested: Option<u64>,
+    default: usize,
+    field: &str,
+) -> Result<usize, ApiError> {
+    let ctx = state.info.context_len;
+    if prompt_len == 0 {
+        return Err(ApiError::bad_request("the prompt is empty"));
+    }
+    if prompt_len >= ctx {
+        return Err(ApiError::bad_request(format!(
+            "the prompt has {prompt_len} tokens but the context holds {ctx} (prompt plus at least one generated token) — shorten the prompt"
+        ))
+        .with_code("context_length_exceeded"));
+    }
+    let room = ctx - prompt_len;
+    match requested {
+        Some(0) => Err(ApiError::bad_request(format!("{field} must be at least 1"))),
+        Some(n) if n > room as u64 => Err(ApiError::bad_request(format!(
+            "request needs {} tokens of context (prompt {prompt_len} + {field} {n}) but the context holds {ctx} — shorten the prompt or lower {field}",
+            prompt_len as u64 + n
+        ))
+        .with_code("context_length_exceeded")),
+        Some(n) => Ok(n as usize),
+        None => Ok(state.config.max_tokens.unwrap_or(default).clamp(1, room)),
+    }
+}
+
+/// Sends `p` to the engine.
+pub fn submit(
+    state: &AppState,
+    p: Prepared,
+    flavor: Flavor,
+) -> Result<UnboundedReceiver<Event>, ApiError> {
+    let req = GenerateRequest {
+        prompt: p.prompt,
+        max_tokens: p.max_tokens,
+        sampling: p.sampling,
+        stop: p.stop,
+        ignore_eos: p.ignore_eos,
+    };
+    state.gateway.submit(req).map_err(|e| match e {
+        GatewayError::Busy(_) => ApiError::busy(e.to_string()).flavor(flavor),
+        GatewayError::Closed => ApiError::busy(e.to_string()).flavor(flavor),
+    })
+}
+
+/// Waits for the whole generation.
+pub async fn collect(
+    mut rx: UnboundedReceiver<Event>,
+    flavor: Flavor,
+) -> Result<Box<GenerateOutput>, ApiError> {
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Text(_) => {}
+            Event::Done(out) => return Ok(out),
+            Event::Failed(msg) => return Err(ApiError::internal(msg).flavor(flavor)),
+        }
+    }
+    Err(ApiError::internal("the engine stopped before finishing").flavor(flavor))
+}
+
+/// Turns engine events into the bytes of a stream (one API's framing).
+pub trait Framer: Send + 'static {
+    /// Frames sent before any generated text.
+    fn start(&mut self) -> String;
+    /// Frames for a piece of text (may be empty while text is held back).
+    fn text(&mut self, piece: &str) -> String;
+    /// Closing frames.
+    fn done(&mut self, out: &GenerateOutput) -> String;
+    /// Frames reporting a failure mid-stream.
+    fn failed(&mut self, message: &str) -> String;
+}
+
+/// `data: <json>\n\n`.
+pub fn data_frame(v: &serde_json::Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+/// `event: <name>\ndata: <json>\n\n`.
+pub fn event_frame(name: &str, v: &serde_json::Value) -> String {
+    format!("event: {name}\ndata: {v}\n\n")
+}
+
+enum Phase {
+    Start,
+    Running,
+    Finished,
+}
+
+/// A `text/event-stream` response fed by `rx`. When the client goes away the body is dropped,
+/// which drops `rx`, which makes the engine's next `on_text` return false: cancellation.
+pub fn sse_response<F: Framer>(rx: UnboundedReceiver<Event>, framer: F) -> Response {
+    let s = stream::unfold(
+        (rx, framer, Phase::Start),
+        |(mut rx, mut framer, phase)| async move {
+            let frames = match phase {
+                Phase::Finished => return None,
+                Phase::Start => {
+                    let f = framer.start();
+                    return Some((
+                        Ok::<_, Infallible>(Bytes::from(f)),
+                        (rx, framer, Phase::Running),
+                    ));
+                }
+                Phase::Running => loop {
+                    match rx.recv().await {
+                        Some(Event::Text(t)) => {
+                            let f = framer.text(&t);
+                            if !f.is_empty() {
+                                break (f, Phase::Running);
+                            }
+                        }
+                        Some(Event::Done(out)) => break (framer.done(&out), Phase::Finished),
+                        Some(Event::Failed(m)) => break (framer.failed(&m), Phase::Finished),
+                        None => {
+                            break (
+                                framer.failed("the engine stopped before finishing"),
+                                Phase::Finished,
+                            );
+                        }
+                    }
+                },
+            };
+            let (bytes, next) = frames;
+            Some((Ok(Bytes::from(bytes)), (rx, framer, next)))
+        },
+    );
+    let mut resp = Response::new(Body::from_stream(s));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+/// The OpenAI name of a finish reason.
+pub fn finish_reason_str(out: &GenerateOutput, tool_calls: bool) -> &'static str {
+    use kiln_engine::FinishReason;
+    if tool_calls {
+        return "tool_calls";
+    }
+    match out.finish_reason {
+        FinishReason::Length => "length",
+        FinishReason::Stop | FinishReason::Cancelled => "stop",
+    }
+}

@@ -1,0 +1,196 @@
+//! `POST /v1/chat/completions`.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::chat_stream::ChatFramer;
+use super::{logprobs, usage};
+use crate::body::parse_request;
+use crate::errors::{ApiError, Flavor};
+use crate::generation::{
+    Prepared, collect, finish_reason_str, plan_max_tokens, sse_response, submit,
+};
+use crate::prompt::{chat_prompt, normalize_messages, validate_tools};
+use crate::sampling::{SamplingFields, parse_stop, parse_top_logprobs};
+use crate::state::{SharedState, unix_now};
+use crate::tools::parse_tool_calls;
+
+/// Built-in `max_tokens` default for chat (spec §3.1), capped by the context left.
+pub const DEFAULT_CHAT_MAX_TOKENS: usize = 65536;
+
+/// The request body (unknown fields are ignored).
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    /// Conversation.
+    pub messages: Value,
+    /// Stream as server-sent events.
+    pub stream: Option<bool>,
+    /// `{include_usage}`.
+    pub stream_options: Option<StreamOptions>,
+    /// Most tokens to generate.
+    pub max_tokens: Option<u64>,
+    /// Same; wins over `max_tokens`.
+    pub max_completion_tokens: Option<u64>,
+    /// Stop strings.
+    pub stop: Option<Value>,
+    /// Report the chosen tokens' logprobs.
+    pub logprobs: Option<Value>,
+    /// Alternatives per token.
+    pub top_logprobs: Option<Value>,
+    /// Function tools.
+    pub tools: Option<Value>,
+    /// `"none"` disables tools.
+    pub tool_choice: Option<Value>,
+    /// Extra template variables (`enable_thinking`…).
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// Generate past EOS (vLLM extension, for benchmarks).
+    pub ignore_eos: Option<bool>,
+    /// Choices to generate (only 1).
+    pub n: Option<u64>,
+    /// Sampling.
+    #[serde(skip)]
+    pub sampling: SamplingFields,
+}
+
+impl crate::body::WithSampling for ChatRequest {
+    fn set_sampling(&mut self, s: SamplingFields) {
+        self.sampling = s;
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a usage chunk before `[DONE]`.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// A validated chat request.
+pub struct ChatPlan {
+    /// What the engine runs.
+    pub prepared: Prepared,
+    /// Whether output is parsed for tool calls.
+    pub tools_active: bool,
+    /// Whether logprobs go into the response.
+    pub logprobs: bool,
+}
+
+/// Validates `req` and builds its prompt.
+pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError> {
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad_request("n must be 1"));
+    }
+    let messages = normalize_messages(&req.messages)?;
+    let tools = match &req.tools {
+        Some(t) if !t.is_null() => validate_tools(t)?,
+        _ => Vec::new(),
+    };
+    let tools_active =
+        !tools.is_empty() && req.tool_choice.as_ref().and_then(Value::as_str) != Some("none");
+    let logprobs = match &req.logprobs {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::bad_request("logprobs must be of type bool")),
+    };
+    let top = parse_top_logprobs(req.top_logprobs.as_ref())?;
+    let stop = parse_stop(req.stop.as_ref(), "stop")?;
+    let sampling = req
+        .sampling
+        .resolve(state, logprobs, if logprobs { top } else { 0 }, true)?;
+    let prompt = chat_prompt(
+        &state.info,
+        &messages,
+        tools_active.then_some(tools.as_slice()),
+        req.chat_template_kwargs.as_ref(),
+    )?;
+    let (requested, field) = match req.max_completion_tokens {
+        Some(n) => (Some(n), "max_completion_tokens"),
+        None => (req.max_tokens, "max_tokens"),
+    };
+    let max_tokens = plan_max_tokens(
+        state,
+        prompt.len(),
+        requested,
+        DEFAULT_CHAT_MAX_TOKENS,
+        field,
+    )?;
+    Ok(ChatPlan {
+        prepared: Prepared {
+            prompt,
+            max_tokens,
+            sampling,
+            stop,
+            ignore_eos: req.ignore_eos.unwrap_or(false),
+        },
+        tools_active,
+        logprobs,
+    })
+}
+
+/// The handler.
+pub async fn handler(
+    State(state): State<SharedState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: ChatRequest = parse_request(body, Flavor::OpenAi)?;
+    let plan = plan(&state, &req)?;
+    let rx = submit(&state, plan.prepared, Flavor::OpenAi)?;
+    let id = state.new_id("chatcmpl-");
+    if req.stream.unwrap_or(false) {
+        let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
+        let framer = ChatFramer::new(
+            state.clone(),
+            id,
+            plan.tools_active,
+            include_usage,
+            plan.logprobs,
+        );
+        return Ok(sse_response(rx, framer));
+    }
+    let out = collect(rx, Flavor::OpenAi).await?;
+    let (content, calls) = if plan.tools_active {
+        let p = parse_tool_calls(&out.text);
+        let calls: Vec<Value> = p
+            .calls
+            .iter()
+            .map(|c| {
+                json!({"id": state.new_id("call_"), "type": "function",
+                       "function": {"name": c.name, "arguments": c.arguments}})
+            })
+            .collect();
+        (p.content, calls)
+    } else {
+        (out.text.clone(), Vec::new())
+    };
+    let mut message = json!({"role": "assistant", "content": content});
+    if !calls.is_empty() {
+        if content.is_empty() {
+            message["content"] = Value::Null;
+        }
+        message["tool_calls"] = Value::Array(calls.clone());
+    }
+    let lp = if plan.logprobs {
+        logprobs::chat(&state.info.tokenizer, &out.logprobs)
+    } else {
+        Value::Null
+    };
+    Ok(axum::Json(json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": unix_now(),
+        "model": state.info.id,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": lp,
+            "finish_reason": finish_reason_str(&out, !calls.is_empty()),
+        }],
+        "usage": usage(&out),
+    }))
+    .into_response())
+}

@@ -1,0 +1,180 @@
+//! `POST /v1/completions`: raw text in, no template.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use kiln_engine::GenerateOutput;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{logprobs, usage};
+use crate::body::parse_request;
+use crate::errors::{ApiError, Flavor};
+use crate::generation::{
+    Framer, Prepared, collect, data_frame, finish_reason_str, plan_max_tokens, sse_response, submit,
+};
+use crate::sampling::{SamplingFields, parse_stop};
+use crate::state::{SharedState, unix_now};
+
+/// Built-in `max_tokens` default for completions (spec §3.2).
+pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 512;
+
+/// The request body.
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    /// The prompt text.
+    pub prompt: Value,
+    /// Stream as server-sent events.
+    pub stream: Option<bool>,
+    /// Most tokens to generate.
+    pub max_tokens: Option<u64>,
+    /// Stop strings.
+    pub stop: Option<Value>,
+    /// Legacy logprobs: how many alternatives per token (0..=11).
+    pub logprobs: Option<Value>,
+    /// Echo the prompt (unsupported).
+    pub echo: Option<bool>,
+    /// Generate past EOS (vLLM extension, for benchmarks).
+    pub ignore_eos: Option<bool>,
+    /// Choices to generate (only 1).
+    pub n: Option<u64>,
+    /// Sampling.
+    #[serde(skip)]
+    pub sampling: SamplingFields,
+}
+
+impl crate::body::WithSampling for CompletionRequest {
+    fn set_sampling(&mut self, s: SamplingFields) {
+        self.sampling = s;
+    }
+}
+
+/// The handler.
+pub async fn handler(
+    State(state): State<SharedState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse_request(body, Flavor::OpenAi)?;
+    let prompt = match &req.prompt {
+        Value::String(s) => s,
+        Value::Array(_) => {
+            return Err(ApiError::bad_request(
+                "prompt must be a string; token arrays and batches are not supported",
+            ));
+        }
+        _ => return Err(ApiError::bad_request("prompt must be a string")),
+    };
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad_request("n must be 1"));
+    }
+    if req.echo == Some(true) {
+        return Err(ApiError::bad_request("echo is not supported"));
+    }
+    let top = match &req.logprobs {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= 11 => Some(n as usize),
+            _ => {
+                return Err(ApiError::bad_request(
+                    "logprobs must be an integer between 0 and 11",
+                ));
+            }
+        },
+    };
+    let stop = parse_stop(req.stop.as_ref(), "stop")?;
+    let sampling = req
+        .sampling
+        .resolve(&state, top.is_some(), top.unwrap_or(0), true)?;
+    let ids = state
+        .info
+        .tokenizer
+        .encode(prompt, true)
+        .map_err(|e| ApiError::bad_request(format!("prompt: {e}")))?;
+    let max_tokens = plan_max_tokens(
+        &state,
+        ids.len(),
+        req.max_tokens,
+        DEFAULT_COMPLETION_MAX_TOKENS,
+        "max_tokens",
+    )?;
+    let rx = submit(
+        &state,
+        Prepared {
+            prompt: ids,
+            max_tokens,
+            sampling,
+            stop,
+            ignore_eos: req.ignore_eos.unwrap_or(false),
+        },
+        Flavor::OpenAi,
+    )?;
+    let id = state.new_id("cmpl-");
+    if req.stream.unwrap_or(false) {
+        return Ok(sse_response(
+            rx,
+            CompletionFramer {
+                state: state.clone(),
+                id,
+                created: unix_now(),
+            },
+        ));
+    }
+    let out = collect(rx, Flavor::OpenAi).await?;
+    let lp = match top {
+        Some(k) => logprobs::completion(&state.info.tokenizer, &out.logprobs, k > 0),
+        None => Value::Null,
+    };
+    Ok(axum::Json(json!({
+        "id": id,
+        "object": "text_completion",
+        "created": unix_now(),
+        "model": state.info.id,
+        "choices": [{"index": 0, "text": out.text, "logprobs": lp,
+                     "finish_reason": finish_reason_str(&out, false)}],
+        "usage": usage(&out),
+    }))
+    .into_response())
+}
+
+struct CompletionFramer {
+    state: SharedState,
+    id: String,
+    created: u64,
+}
+
+impl CompletionFramer {
+    fn chunk(&self, text: &str, finish: Option<&str>, usage: Option<Value>) -> String {
+        let mut v = json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.state.info.id,
+            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+        });
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        data_frame(&v)
+    }
+}
+
+impl Framer for CompletionFramer {
+    fn start(&mut self) -> String {
+        String::new()
+    }
+
+    fn text(&mut self, piece: &str) -> String {
+        self.chunk(piece, None, None)
+    }
+
+    fn done(&mut self, out: &GenerateOutput) -> String {
+        let last = self.chunk("", Some(finish_reason_str(out, false)), Some(usage(out)));
+        format!("{last}data: [DONE]\n\n")
+    }
+
+    fn failed(&mut self, message: &str) -> String {
+        let e = json!({"error": {"message": message, "type": "server_error", "code": null}});
+        format!("{}data: [DONE]\n\n", data_frame(&e))
+    }
+}

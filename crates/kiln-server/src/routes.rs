@@ -1,0 +1,163 @@
+//! The router: every route, discovery endpoints, and the 404/405 fallbacks.
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{StatusCode, Uri};
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use crate::errors::{ApiError, Flavor};
+use crate::state::SharedState;
+use crate::{anthropic, auth, openai, openapi, page, stats};
+
+/// Every route: `(method, path, summary)`; `/v1` and `/openapi.json` are built from it.
+pub const ROUTES: &[(&str, &str, &str)] = &[
+    ("GET", "/", "The chat page"),
+    ("GET", "/health", "Liveness: {\"status\":\"ok\"}"),
+    (
+        "GET",
+        "/ready",
+        "Readiness: 200 once the model is loaded, 503 while shutting down",
+    ),
+    ("GET", "/v1", "This index of endpoints"),
+    ("GET", "/v1/models", "The served model"),
+    ("GET", "/v1/models/{id}", "One model by id"),
+    (
+        "POST",
+        "/v1/chat/completions",
+        "OpenAI chat completions (stream and not)",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        "OpenAI text completions (stream and not)",
+    ),
+    (
+        "POST",
+        "/v1/messages",
+        "Anthropic messages (stream and not)",
+    ),
+    (
+        "POST",
+        "/v1/messages/count_tokens",
+        "Anthropic token count of a messages request",
+    ),
+    (
+        "GET",
+        "/stats",
+        "Server, queue, KV and prompt-cache statistics (JSON)",
+    ),
+    (
+        "GET",
+        "/metrics",
+        "Prometheus metrics, with vLLM-style gauges",
+    ),
+    (
+        "GET",
+        "/openapi.json",
+        "OpenAPI 3.1 description of every route",
+    ),
+];
+
+/// Builds the application.
+pub fn router(state: SharedState) -> Router {
+    let limit = state.config.body_limit.max(1024);
+    Router::new()
+        .route("/", get(page::index))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/v1", get(index))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+        .route("/v1/chat/completions", post(openai::chat::handler))
+        .route("/v1/completions", post(openai::completions::handler))
+        .route("/v1/messages", post(anthropic::messages::handler))
+        .route(
+            "/v1/messages/count_tokens",
+            post(anthropic::messages::count_tokens),
+        )
+        .route("/stats", get(stats::stats))
+        .route("/metrics", get(stats::metrics))
+        .route("/openapi.json", get(openapi::spec))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(state.clone(), auth::guard))
+        .with_state(state)
+}
+
+async fn not_found(uri: Uri) -> ApiError {
+    ApiError::not_found(format!("not found: {}", uri.path())).flavor(Flavor::for_path(uri.path()))
+}
+
+async fn method_not_allowed(uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method not allowed on {}", uri.path()),
+    )
+    .flavor(Flavor::for_path(uri.path()))
+}
+
+async fn health() -> axum::Json<Value> {
+    axum::Json(json!({"status": "ok"}))
+}
+
+async fn ready(State(state): State<SharedState>) -> Response {
+    if state.gateway.is_open() {
+        axum::Json(json!({"status": "ready", "model": state.info.id})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "shutting_down"})),
+        )
+            .into_response()
+    }
+}
+
+async fn index(State(state): State<SharedState>) -> axum::Json<Value> {
+    let endpoints: Vec<Value> = ROUTES
+        .iter()
+        .map(|(m, p, s)| json!({"method": m, "path": p, "description": s}))
+        .collect();
+    axum::Json(json!({
+        "name": "kiln",
+        "version": env!("CARGO_PKG_VERSION"),
+        "model": state.info.id,
+        "endpoints": endpoints,
+    }))
+}
+
+fn model_entry(state: &SharedState) -> Value {
+    json!({
+        "id": state.info.id,
+        "object": "model",
+        "created": state.started_at,
+        "owned_by": "kiln",
+        "context_window": state.info.context_len,
+        "architecture": state.info.arch,
+        "kv_scheme": state.info.kv_scheme,
+        "reasoning": false,
+        "vision": false,
+    })
+}
+
+async fn models(State(state): State<SharedState>) -> axum::Json<Value> {
+    axum::Json(json!({"object": "list", "data": [model_entry(&state)]}))
+}
+
+async fn model(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    if id == state.info.id {
+        Ok(axum::Json(model_entry(&state)))
+    } else {
+        Err(ApiError::not_found(format!(
+            "model {id:?} not found; this server serves {:?}",
+            state.info.id
+        ))
+        .with_code("model_not_found"))
+    }
+}

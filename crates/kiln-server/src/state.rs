@@ -1,0 +1,148 @@
+//! What every handler shares: the served model's facts, the gateway, the server's settings.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kiln_engine::Engine;
+use kiln_model::backend::Backend;
+use kiln_model::chat_template::ChatTemplate;
+use kiln_model::files::GenerationDefaults;
+use kiln_model::tokenizer::KilnTokenizer;
+
+use crate::gateway::Gateway;
+
+/// Facts about the served model that the HTTP side needs (tokenizing, templating, limits).
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// The id echoed in responses and listed by `/v1/models`.
+    pub id: String,
+    /// Tokenizer (a copy; the engine keeps its own).
+    pub tokenizer: KilnTokenizer,
+    /// Chat template, if the model ships one.
+    pub template: Option<ChatTemplate>,
+    /// `generation_config.json` defaults.
+    pub generation: GenerationDefaults,
+    /// KV positions (prompt + generated).
+    pub context_len: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// How KV is stored, shown on the chat page and in `/stats`.
+    pub kv_scheme: String,
+    /// KV bytes per cached position (all layers, keys and values).
+    pub kv_bytes_per_token: u64,
+    /// Seconds the load took.
+    pub load_secs: f64,
+    /// Architecture name.
+    pub arch: String,
+}
+
+impl ModelInfo {
+    /// Facts of the model `engine` serves, under `id`.
+    pub fn from_engine<B: Backend>(engine: &Engine<B>, id: impl Into<String>) -> Self {
+        let m = engine.model();
+        let c = &m.config;
+        Self {
+            id: id.into(),
+            tokenizer: m.tokenizer.clone(),
+            template: m.chat_template.clone(),
+            generation: m.generation.clone(),
+            context_len: engine.options().context_len,
+            vocab_size: c.vocab_size,
+            kv_scheme: "f32".into(),
+            kv_bytes_per_token: (2 * c.num_layers * c.num_kv_heads * c.head_dim * 4) as u64,
+            load_secs: m.load_secs,
+            arch: format!("{:?}", c.arch),
+        }
+    }
+}
+
+/// Server settings from the command line.
+#[derive(Debug, Clone, Default)]
+pub struct ServerConfig {
+    /// Required API key, if any.
+    pub api_key: Option<String>,
+    /// Default `max_tokens` (`--max-tokens`).
+    pub max_tokens: Option<usize>,
+    /// Default temperature (`--temperature`).
+    pub temperature: Option<f32>,
+    /// Default top-p (`--top-p`).
+    pub top_p: Option<f32>,
+    /// Default top-k (`--top-k`).
+    pub top_k: Option<usize>,
+    /// Prompt-cache byte cap (`--prompt-cache-bytes`).
+    pub prompt_cache_bytes: u64,
+    /// The one origin allowed cross-origin requests (`--cors-origin`).
+    pub cors_origin: Option<String>,
+    /// Largest request body accepted.
+    pub body_limit: usize,
+}
+
+/// Shared handler state.
+pub struct AppState {
+    /// The served model.
+    pub info: ModelInfo,
+    /// The engine behind its channel.
+    pub gateway: Arc<Gateway>,
+    /// Settings.
+    pub config: ServerConfig,
+    /// Where the server listens (for the Host check on loopback).
+    pub local_addr: SocketAddr,
+    /// Unix seconds at start.
+    pub started_at: u64,
+    weyl: AtomicU64,
+    ids: AtomicU64,
+}
+
+/// Handler state handle.
+pub type SharedState = Arc<AppState>;
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl AppState {
+    /// New state.
+    pub fn new(
+        info: ModelInfo,
+        gateway: Arc<Gateway>,
+        config: ServerConfig,
+        local_addr: SocketAddr,
+    ) -> Self {
+        Self {
+            info,
+            gateway,
+            config,
+            local_addr,
+            started_at: unix_now(),
+            weyl: AtomicU64::new(0),
+            ids: AtomicU64::new(0),
+        }
+    }
+
+    /// A fresh seed for a request that gave none: clock bits XOR a Weyl sequence, so two
+    /// requests in the same millisecond still differ (spec §3.1).
+    pub fn fresh_seed(&self) -> u64 {
+        let w = self
+            .weyl
+            .fetch_add(0x9e37_79b9, Ordering::Relaxed)
+            .wrapping_add(0x9e37_79b9);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        (nanos & 0xffff_ffff) ^ (w & 0xffff_ffff)
+    }
+
+    /// A unique id with `prefix` (`chatcmpl-`, `msg_`, `call_`…).
+    pub fn new_id(&self, prefix: &str) -> String {
+        let n = self.ids.fetch_add(1, Ordering::Relaxed);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        format!("{prefix}{:016x}{:06x}", nanos ^ (n << 40), n & 0xff_ffff)
+    }
+}

@@ -1,0 +1,185 @@
+//! `GET /stats` (JSON) and `GET /metrics` (Prometheus text, with the vLLM-style gauges routers
+//! read: requests running and waiting, KV-cache usage).
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering::Relaxed;
+
+use axum::extract::State;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::state::SharedState;
+
+/// Fraction of the KV cache holding live positions.
+fn kv_usage(state: &SharedState) -> f64 {
+    let used = state.gateway.metrics.kv_used.load(Relaxed);
+    used as f64 / state.info.context_len.max(1) as f64
+}
+
+/// The `/stats` body.
+pub fn stats_json(state: &SharedState) -> Value {
+    let m = &state.gateway.metrics;
+    let kv_used = m.kv_used.load(Relaxed);
+    let generated = m.generated_tokens.load(Relaxed);
+    let decode_secs = m.decode_micros.load(Relaxed) as f64 / 1e6;
+    json!({
+        "server": {"owner": "serve", "model": state.info.id, "started_at": state.started_at,
+                   "load_secs": state.info.load_secs},
+        "prompt_cache": {
+            // Saved snapshots plus the live slot, which holds the latest conversation's prefix.
+            "entries": m.cache_entries.load(Relaxed) + usize::from(kv_used > 0),
+            "bytes": m.cache_bytes.load(Relaxed) as u64 + kv_used as u64 * state.info.kv_bytes_per_token,
+            "max_bytes": state.config.prompt_cache_bytes,
+            "hits": m.cache_hits.load(Relaxed),
+            "misses": m.cache_misses.load(Relaxed),
+            "evictions": m.cache_evictions.load(Relaxed),
+            "cached_tokens": m.cached_tokens.load(Relaxed),
+        },
+        "kv": {"scheme": state.info.kv_scheme, "context_len": state.info.context_len,
+               "used_tokens": kv_used, "usage": kv_usage(state),
+               "bytes_per_token": state.info.kv_bytes_per_token},
+        "queue": {"running": m.running.load(Relaxed), "waiting": m.waiting.load(Relaxed),
+                  "capacity": state.gateway.capacity()},
+        "requests": {"finished": m.finished.load(Relaxed), "cancelled": m.cancelled.load(Relaxed),
+                     "failed": m.failed.load(Relaxed), "rejected": m.rejected.load(Relaxed)},
+        "tokens": {"prompt": m.prompt_tokens.load(Relaxed), "generated": generated,
+                   "decode_tokens_per_sec": if decode_secs > 0.0 { generated as f64 / decode_secs } else { 0.0 }},
+        "batch": {"configured": 1, "batched": false, "active_rows": m.running.load(Relaxed)},
+    })
+}
+
+/// `GET /stats`.
+pub async fn stats(State(state): State<SharedState>) -> axum::Json<Value> {
+    axum::Json(stats_json(&state))
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(state): State<SharedState>) -> Response {
+    let m = &state.gateway.metrics;
+    let model = state.info.id.replace(['"', '\\', '\n'], "_");
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, v: f64| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        let _ = writeln!(out, "{name}{{model_name=\"{model}\"}} {v}");
+    };
+    let running = m.running.load(Relaxed) as f64;
+    let waiting = m.waiting.load(Relaxed) as f64;
+    let usage = kv_usage(&state);
+    metric(
+        "vllm:num_requests_running",
+        "gauge",
+        "Requests generating now.",
+        running,
+    );
+    metric(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Requests waiting in the queue.",
+        waiting,
+    );
+    metric(
+        "vllm:gpu_cache_usage_perc",
+        "gauge",
+        "KV-cache usage (1 = full).",
+        usage,
+    );
+    metric(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage (1 = full).",
+        usage,
+    );
+    let prompt = m.prompt_tokens.load(Relaxed) as f64;
+    let generated = m.generated_tokens.load(Relaxed) as f64;
+    metric(
+        "vllm:prompt_tokens_total",
+        "counter",
+        "Prompt tokens processed.",
+        prompt,
+    );
+    metric(
+        "vllm:generation_tokens_total",
+        "counter",
+        "Tokens generated.",
+        generated,
+    );
+    metric(
+        "kiln_requests_running",
+        "gauge",
+        "Requests generating now.",
+        running,
+    );
+    metric(
+        "kiln_requests_waiting",
+        "gauge",
+        "Requests waiting in the queue.",
+        waiting,
+    );
+    metric(
+        "kiln_kv_cache_usage_ratio",
+        "gauge",
+        "KV-cache usage (1 = full).",
+        usage,
+    );
+    metric(
+        "kiln_requests_finished_total",
+        "counter",
+        "Requests finished.",
+        m.finished.load(Relaxed) as f64,
+    );
+    metric(
+        "kiln_requests_cancelled_total",
+        "counter",
+        "Requests cancelled by clients.",
+        m.cancelled.load(Relaxed) as f64,
+    );
+    metric(
+        "kiln_requests_failed_total",
+        "counter",
+        "Requests failed in the engine.",
+        m.failed.load(Relaxed) as f64,
+    );
+    metric(
+        "kiln_requests_rejected_total",
+        "counter",
+        "Requests turned away (queue full).",
+        m.rejected.load(Relaxed) as f64,
+    );
+    metric(
+        "kiln_prompt_tokens_total",
+        "counter",
+        "Prompt tokens processed.",
+        prompt,
+    );
+    metric(
+        "kiln_prompt_cached_tokens_total",
+        "counter",
+        "Prompt tokens reused from the cache.",
+        m.cached_tokens.load(Relaxed) as f64,
+    );
+    metric(
+        "kiln_generated_tokens_total",
+        "counter",
+        "Tokens generated.",
+        generated,
+    );
+    metric(
+        "kiln_prompt_cache_hits_total",
+        "counter",
+        "Requests that reused a cached prefix.",
+        m.cache_hits.load(Relaxed) as f64,
+    );
+    metric(
+        "kiln_prompt_cache_misses_total",
+        "counter",
+        "Requests that reused nothing.",
+        m.cache_misses.load(Relaxed) as f64,
+    );
+    let mut resp = out.into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    resp
+}

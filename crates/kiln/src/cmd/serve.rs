@@ -1,0 +1,132 @@
+//! `kiln serve` (and `kiln` with no arguments): the HTTP server.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, FromArgMatches};
+use kiln_server::{Gateway, ModelInfo, ServerConfig};
+
+use crate::cli::RuntimeArgs;
+use crate::common::{load_engine, thread_pool};
+
+/// `kiln serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Model: a name (`smollm2`), a .gguf file, a Hugging Face folder or an `org/name` in the HF cache.
+    #[arg(default_value = "smollm2")]
+    pub model: String,
+    /// Address to bind (loopback by default; anything else exposes the server to the network).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0 picks a free one; the URL is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require this key as `Authorization: Bearer` or `x-api-key` (also `KILN_API_KEY`).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Default `max_tokens` when a request sets none (capped by the context left).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// Default temperature (after the request's, before generation_config.json's).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Default top-p.
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Default top-k.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Byte cap of the prompt cache: KV snapshots of earlier conversations, LRU (0 disables
+    /// every prefix reuse).
+    #[arg(long, default_value_t = 2_000_000_000)]
+    pub prompt_cache_bytes: u64,
+    /// Allow cross-origin requests from this origin (`*` for any); CORS is off without it.
+    #[arg(long)]
+    pub cors_origin: Option<String>,
+    /// Requests that may wait behind the running one before new ones get 503.
+    #[arg(long, default_value_t = 64)]
+    pub queue: usize,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+}
+
+impl ServeArgs {
+    /// The arguments of a bare `kiln serve`.
+    pub fn defaults() -> Result<Self> {
+        let cmd = <Self as Args>::augment_args(clap::Command::new("serve"));
+        Ok(Self::from_arg_matches(
+            &cmd.try_get_matches_from(["serve"])?,
+        )?)
+    }
+}
+
+/// Loads the model, then serves until SIGINT/SIGTERM, draining in-flight streams.
+pub fn run(args: ServeArgs) -> Result<()> {
+    if args.queue == 0 {
+        bail!("--queue must be at least 1");
+    }
+    let started = Instant::now();
+    let pool = thread_pool(args.runtime.threads)?;
+    let mut engine = pool.install(|| load_engine(&args.model, &args.runtime))?;
+    engine.set_prompt_cache_bytes(usize::try_from(args.prompt_cache_bytes).unwrap_or(usize::MAX));
+    let path = engine.model().path.clone();
+    let id = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| args.model.clone());
+    let info = ModelInfo::from_engine(&engine, id);
+    eprintln!(
+        "kiln: loaded {} in {:.2}s (weights {:.2}s), context {} tokens",
+        path.display(),
+        started.elapsed().as_secs_f64(),
+        info.load_secs,
+        info.context_len
+    );
+    let config = ServerConfig {
+        api_key: args
+            .api_key
+            .clone()
+            .or_else(|| std::env::var("KILN_API_KEY").ok())
+            .filter(|k| !k.is_empty()),
+        max_tokens: args.max_tokens,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        prompt_cache_bytes: args.prompt_cache_bytes,
+        cors_origin: args.cors_origin.clone(),
+        body_limit: kiln_server::DEFAULT_BODY_LIMIT,
+    };
+    let reuse_prefix = args.prompt_cache_bytes > 0;
+    let gateway = Arc::new(Gateway::start_with(
+        engine,
+        args.queue,
+        Some(pool),
+        reuse_prefix,
+    ));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        if !addr.ip().is_loopback() && config.api_key.is_none() {
+            eprintln!("kiln: warning: serving on {addr} without --api-key; anyone who can reach it can use it");
+        }
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening on http://{addr}")?;
+        writeln!(out, "chat page: http://{addr}/  (ready in {:.2}s)", started.elapsed().as_secs_f64())?;
+        out.flush()?;
+        drop(out);
+        kiln_server::serve(listener, info, gateway, config, kiln_server::shutdown_signal())
+            .await
+            .context("serving")?;
+        eprintln!("kiln: stopped");
+        Ok(())
+    })
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# End-to-end tests of `kiln serve`: builds the binary, makes a git-ignored .venv with pinned
+# official SDKs (once), and runs tests/e2e with pytest. Idempotent; fast on a second run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=.venv
+PINS="pytest==9.2.0 openai==3.57.0 anthropic==2.14.0"
+STAMP="$VENV/.kiln-e2e-pins"
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  python3 -m venv "$VENV"
+fi
+if [[ ! -f "$STAMP" ]] || [[ "$(cat "$STAMP")" != "$PINS" ]]; then
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check $PINS
+  echo "$PINS" > "$STAMP"
+fi
+
+# The chat-page test drives Debian's chromium with playwright-core (no browser download); it is
+# skipped where node or chromium is missing.
+PAGE=tests/e2e/page
+if command -v npm >/dev/null 2>&1 && [[ ! -d "$PAGE/node_modules/playwright-core" ]]; then
+  (cd "$PAGE" && npm ci --no-audit --no-fund --silent) || echo "e2e: could not install playwright-core; the page test will be skipped" >&2
+fi
+
+cargo build --quiet -p kiln
+export KILN_BIN="${KILN_BIN:-$PWD/target/debug/kiln}"
+exec "$VENV/bin/python" -m pytest -q tests/e2e "$@"
