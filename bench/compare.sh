@@ -42,7 +42,7 @@ Options (each also settable through the environment variable in brackets):
                         llama-bench binary [LLAMA_BENCH]
                         (default /opt/llama.cpp/bin/llama-bench)
   -o, --output FILE     also write the markdown report to FILE
-      --raw DIR         keep every run's JSON output in DIR
+      --raw DIR         keep every run's JSON output and stderr in DIR
   -h, --help            this text
 
 Samples per cell: ROUNDS x REPS. Progress goes to stderr, the report to stdout.
@@ -102,6 +102,7 @@ resolve_bin() {
     echo "$p"
 }
 KILN_BIN="$(resolve_bin "$KILN_BIN")"
+LLAMA_BENCH="$(resolve_bin "$LLAMA_BENCH")"
 [[ -x "$KILN_BIN" ]] || die "kiln binary not found at '$KILN_BIN' (cargo build --release -p kiln, or set KILN_BIN)"
 [[ -x "$LLAMA_BENCH" ]] || die "llama-bench not found at '$LLAMA_BENCH' (see docs/benchmarks.md, or set LLAMA_BENCH)"
 command -v python3 >/dev/null || die "python3 is needed to read the JSON output"
@@ -126,10 +127,14 @@ CPU_MODEL="${CPU_MODEL:-unknown} ($(nproc 2>/dev/null || echo '?') logical CPUs)
 KILN_VERSION="$("$KILN_BIN" --version 2>/dev/null | head -n 1 || true)"
 # llama-bench --version prints "version: N (commit)" and "built with ..." to stderr.
 LLAMA_VERSION="$("$LLAMA_BENCH" --version 2>&1 | grep -E '^(version|built with)' | paste -sd ';' - | sed 's/;/; /' || true)"
+# A SOURCE file beside bin/ (docs/benchmarks.md) says where the build came from.
+LLAMA_SOURCE=""
 if [[ -f "$(dirname "$LLAMA_BENCH")/../SOURCE" ]]; then
-    LLAMA_VERSION="${LLAMA_VERSION:+$LLAMA_VERSION; }$(head -n 1 "$(dirname "$LLAMA_BENCH")/../SOURCE")"
+    LLAMA_SOURCE="$(head -n 1 "$(dirname "$LLAMA_BENCH")/../SOURCE")"
 fi
 DATE="$(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+loadavg() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?'; }
+LOAD_START="$(loadavg)"
 
 # ---- the alternating runs -----------------------------------------------
 run_logged() { # out_json err_log cmd...
@@ -152,6 +157,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
             "$LLAMA_BENCH" -m "$MODEL" -p "$PP" -n "$TG" -r "$REPS" -t "$t" -o json
     done
 done
+LOAD_END="$(loadavg)"
 if [[ -n "$RAW_DIR" ]]; then cp "$WORK"/*.json "$WORK"/*.log "$RAW_DIR"/; fi
 
 # ---- the report -----------------------------------------------------------
@@ -216,11 +222,16 @@ out.append(f'Command: `{env["CMDLINE"]}`  ')
 out.append(f'Date: {env["DATE"]}  ')
 out.append(f'kiln: commit {env["GIT_COMMIT"]}; `{env["KILN_VERSION"] or "?"}`  ')
 lv = env["LLAMA_VERSION"] or "?"
-out.append(f'llama.cpp: {lv}' + (f' (build_commit {", ".join(sorted(llama_build))})' if llama_build else "") + "  ")
+builds = [b for b in sorted(llama_build) if b.split()[0] not in lv]
+out.append(f'llama.cpp: {lv}' + (f' (llama-bench JSON: build_commit {", ".join(builds)})' if builds else "") + "  ")
+if env.get("LLAMA_SOURCE"):
+    out.append(f'llama.cpp source: {env["LLAMA_SOURCE"]}  ')
 out.append(f'CPU: {env["CPU_MODEL"]}  ')
 out.append(f'Binaries: `{env["KILN_BIN"]}`, `{env["LLAMA_BENCH"]}`  ')
 out.append(f'Runs: {env["ROUNDS"]} alternating round(s) x {env["REPS"]} repetition(s) per engine run; '
-           f'threads {", ".join(map(str, threads))}')
+           f'threads {", ".join(map(str, threads))}  ')
+out.append(f'Load average (1/5/15 min): {env["LOAD_START"]} before the runs (well above 0: other work '
+           f'is using the cores), {env["LOAD_END"]} after (counts the benchmark\'s own threads)')
 out.append("")
 out.append("tokens/second; min / median / max over all samples")
 out.append("")
@@ -245,7 +256,7 @@ if missing:
 PY
 }
 
-export KILN_BIN LLAMA_BENCH MODEL ROUNDS REPS PP TG CMDLINE DATE GIT_COMMIT KILN_VERSION LLAMA_VERSION CPU_MODEL
+export KILN_BIN LLAMA_BENCH MODEL ROUNDS REPS PP TG CMDLINE DATE GIT_COMMIT KILN_VERSION LLAMA_VERSION LLAMA_SOURCE CPU_MODEL LOAD_START LOAD_END
 export THREADS="${THREAD_LIST[*]}"
 if [[ -n "$OUTPUT" ]]; then
     report | tee "$OUTPUT"

@@ -57,3 +57,9 @@ def test_typed_errors(anth, keyed_server):
         bad.messages.create(model="x", max_tokens=5, messages=MSGS)
     good = anthropic.Anthropic(base_url=keyed_server.url, api_key="sekrit", max_retries=0)
     assert good.messages.create(model="x", max_tokens=3, messages=MSGS).content
+
+
+def test_models_list_reads_in_the_anthropic_sdk(anth):
+    models = anth.models.list().data
+    assert models[0].type == "model" and models[0].created_at.year >= 2025
+    assert anth.models.retrieve(models[0].id).id == models[0].id

@@ -37,3 +37,15 @@ def test_seed_reproduces_sampled_output(oai):
     a = oai.chat.completions.create(**kw).choices[0].message.content
     b = oai.chat.completions.create(**kw).choices[0].message.content
     assert a == b
+
+
+def test_bad_flags_fail_fast_with_a_message():
+    import subprocess
+
+    from conftest import KILN
+
+    for flags, needle in [(["--temperature=-1"], "--temperature"), (["--top-p", "2"], "--top-p"),
+                          (["--queue", "0"], "--queue"), (["--port", "x"], "--port")]:
+        out = subprocess.run([KILN, "serve", *flags], capture_output=True, text=True, timeout=30)
+        assert out.returncode != 0
+        assert needle in out.stderr and "panicked" not in out.stderr

@@ -53,6 +53,11 @@ def test_completions(oai):
     assert "".join(ch.choices[0].text for ch in chunks) == r.choices[0].text
     assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    # Streamed legacy logprobs ride on the last chunk.
+    chunks = list(oai.completions.create(model="x", prompt="The sky is", temperature=0, max_tokens=12,
+                                         stream=True, logprobs=2))
+    lp = chunks[-1].choices[0].logprobs
+    assert len(lp.tokens) == r.usage.completion_tokens and len(lp.top_logprobs[0]) == 2
 
 
 def test_logprobs_and_exact_usage(oai, anth):
@@ -188,6 +193,19 @@ def test_disconnect_frees_engine(server):
     assert latency - baseline < 0.100, f"next request waited {latency - baseline:.3f}s extra (baseline {baseline:.3f}s)"
     stats = httpx.get(server.url + "/stats").json()
     assert stats["requests"]["cancelled"] > cancelled_before
+
+
+def test_non_stream_client_that_gives_up_cancels(server):
+    body = {"messages": [{"role": "user", "content": "Count slowly from one to a hundred."}],
+            "temperature": 0, "max_tokens": 400, "ignore_eos": True}
+    before = httpx.get(server.url + "/stats").json()["requests"]["cancelled"]
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + "/v1/chat/completions", json=body, timeout=0.5)
+    deadline = time.time() + 1.0
+    while httpx.get(server.url + "/stats").json()["requests"]["cancelled"] == before:
+        assert time.time() < deadline, "the abandoned generation kept running"
+        time.sleep(0.02)
+    assert httpx.get(server.url + "/stats").json()["queue"]["running"] == 0
 
 
 def test_sixteen_concurrent_streams(oai):

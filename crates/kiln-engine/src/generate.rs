@@ -224,8 +224,8 @@ impl<B: Backend> Engine<B> {
             .take_while(|(a, b)| a == b)
             .count()
             .min(prompt.len() - 1);
-        if self.prompt_cache.is_some() {
-            common = self.swap_in_cached(prompt, common);
+        if let Some(cache) = self.prompt_cache.as_mut() {
+            common = cache.swap_in(&mut self.kv, &mut self.slot_tokens, prompt, common);
         }
         self.slot_tokens.truncate(common);
         let mut logits = Vec::new();
@@ -243,29 +243,6 @@ impl<B: Backend> Engine<B> {
             self.slot_tokens.extend_from_slice(chunk);
         }
         Ok((logits, common))
-    }
-
-    /// Consults the prompt cache before the slot is overwritten past `common`: saves the slot's
-    /// contents, and restores a saved entry that shares more of `prompt`. Returns the prefix
-    /// length now valid in the slot.
-    fn swap_in_cached(&mut self, prompt: &[u32], common: usize) -> usize {
-        let Some(cache) = self.prompt_cache.as_mut() else {
-            return common;
-        };
-        let taken = cache.take(prompt, common);
-        if taken.is_some() || common < self.slot_tokens.len() {
-            if let Some(snap) = self.kv.export_prefix(0, self.slot_tokens.len()) {
-                cache.put(self.slot_tokens.clone(), snap);
-            }
-        }
-        match taken {
-            Some((tokens, snap, p)) if self.kv.import_prefix(0, &snap, p) => {
-                self.slot_tokens = tokens[..p].to_vec();
-                p
-            }
-            // The slot was not changed by a failed import: keep what it had.
-            _ => common,
-        }
     }
 
     /// Generates for `req`, calling `on_text` with each piece of text that is safe to show;

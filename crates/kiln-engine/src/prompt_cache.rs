@@ -4,7 +4,7 @@
 //! entry than with the slot gets that entry's KV copied back in. So alternating conversations
 //! each re-prefill only their new turn.
 
-use kiln_model::backend::KvSnapshot;
+use kiln_model::backend::{KvSnapshot, KvStore};
 use serde::Serialize;
 
 /// Counters of the cache.
@@ -119,6 +119,32 @@ impl PromptCache {
     fn refresh(&mut self) {
         self.stats.entries = self.entries.len();
         self.stats.bytes = self.bytes();
+    }
+
+    /// Consults the cache before slot 0 of `kv` (holding `slot_tokens`) is overwritten past
+    /// `common`: saves the slot's contents, and restores a saved entry that shares more of
+    /// `prompt`. Returns the prefix length now valid in the slot.
+    pub fn swap_in<K: KvStore>(
+        &mut self,
+        kv: &mut K,
+        slot_tokens: &mut Vec<u32>,
+        prompt: &[u32],
+        common: usize,
+    ) -> usize {
+        let taken = self.take(prompt, common);
+        if (taken.is_some() || common < slot_tokens.len())
+            && let Some(snap) = kv.export_prefix(0, slot_tokens.len())
+        {
+            self.put(slot_tokens.clone(), snap);
+        }
+        match taken {
+            Some((tokens, snap, p)) if kv.import_prefix(0, &snap, p) => {
+                *slot_tokens = tokens[..p].to_vec();
+                p
+            }
+            // A failed import leaves the slot as it was.
+            _ => common,
+        }
     }
 
     /// Current counters.

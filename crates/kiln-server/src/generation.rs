@@ -62,6 +62,17 @@ pub fn plan_max_tokens(
     }
 }
 
+/// Runs CPU-heavy request preparation (template rendering, tokenizing up to a body-limit's
+/// worth of text) off the async workers, so one big prompt cannot stall other connections.
+pub async fn blocking<T: Send + 'static>(
+    flavor: Flavor,
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        ApiError::internal(format!("request preparation failed: {e}")).flavor(flavor)
+    })?
+}
+
 /// Sends `p` to the engine.
 pub fn submit(
     state: &AppState,

@@ -14,6 +14,7 @@ pub mod openai;
 pub mod openapi;
 pub mod page;
 pub mod prompt;
+pub mod reasoning;
 pub mod routes;
 pub mod sampling;
 pub mod state;

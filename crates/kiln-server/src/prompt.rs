@@ -165,13 +165,22 @@ pub fn validate_tools(tools: &Value) -> Result<Vec<Value>, ApiError> {
     Ok(list.clone())
 }
 
+/// A rendered, tokenized conversation.
+#[derive(Debug, Clone)]
+pub struct ChatPrompt {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// The prompt leaves the model inside an open `<think>`.
+    pub thinking_open: bool,
+}
+
 /// Renders and tokenizes a conversation.
 pub fn chat_prompt(
     info: &ModelInfo,
     messages: &[Value],
     tools: Option<&[Value]>,
     extra: Option<&Map<String, Value>>,
-) -> Result<Vec<u32>, ApiError> {
+) -> Result<ChatPrompt, ApiError> {
     let template = info.template.as_ref().ok_or_else(|| {
         ApiError::bad_request(
             "this model has no chat template; send raw text to /v1/completions instead",
@@ -180,8 +189,12 @@ pub fn chat_prompt(
     let rendered = template
         .render(messages, tools.filter(|t| !t.is_empty()), true, extra)
         .map_err(|e| ApiError::bad_request(format!("prompt build failed: {e}")))?;
-    kiln_model::chat_template::prompt_ids(&info.tokenizer, &rendered)
-        .map_err(|e| ApiError::bad_request(format!("prompt build failed: {e}")))
+    let ids = kiln_model::chat_template::prompt_ids(&info.tokenizer, &rendered)
+        .map_err(|e| ApiError::bad_request(format!("prompt build failed: {e}")))?;
+    Ok(ChatPrompt {
+        ids,
+        thinking_open: crate::reasoning::ThinkSplitter::prompt_opens(&rendered),
+    })
 }
 
 #[cfg(test)]

@@ -129,11 +129,37 @@ async fn index(State(state): State<SharedState>) -> axum::Json<Value> {
     }))
 }
 
+/// Unix seconds as RFC 3339 UTC (Anthropic's `created_at`), by Howard Hinnant's civil-from-days.
+fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// One model, readable by both the OpenAI and the Anthropic SDKs.
 fn model_entry(state: &SharedState) -> Value {
     json!({
         "id": state.info.id,
         "object": "model",
+        "type": "model",
+        "display_name": state.info.id,
         "created": state.started_at,
+        "created_at": rfc3339(state.started_at),
+        "max_input_tokens": state.info.context_len,
         "owned_by": "kiln",
         "context_window": state.info.context_len,
         "architecture": state.info.arch,
@@ -144,7 +170,9 @@ fn model_entry(state: &SharedState) -> Value {
 }
 
 async fn models(State(state): State<SharedState>) -> axum::Json<Value> {
-    axum::Json(json!({"object": "list", "data": [model_entry(&state)]}))
+    let id = &state.info.id;
+    axum::Json(json!({"object": "list", "data": [model_entry(&state)],
+                      "has_more": false, "first_id": id, "last_id": id}))
 }
 
 async fn model(
@@ -159,5 +187,15 @@ async fn model(
             state.info.id
         ))
         .with_code("model_not_found"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(super::rfc3339(1_796_013_131), "2026-11-30T04:32:11Z");
     }
 }

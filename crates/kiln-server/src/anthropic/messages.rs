@@ -11,15 +11,15 @@ use super::stream::MessagesFramer;
 use super::{MessagesRequest, to_openai};
 use crate::body::parse_request;
 use crate::errors::{ApiError, Flavor};
-use crate::generation::{Prepared, collect, plan_max_tokens, sse_response, submit};
-use crate::prompt::{chat_prompt, normalize_messages};
+use crate::generation::{Prepared, blocking, collect, plan_max_tokens, sse_response, submit};
+use crate::prompt::{ChatPrompt, chat_prompt, normalize_messages};
 use crate::state::SharedState;
 use crate::tools::parse_tool_calls;
 
 /// `max_tokens` when a request leaves it out (the API requires it; we are lenient).
 const DEFAULT_MAX_TOKENS: usize = 4096;
 
-fn prompt_of(state: &SharedState, req: &MessagesRequest) -> Result<(Vec<u32>, bool), ApiError> {
+fn prompt_of(state: &SharedState, req: &MessagesRequest) -> Result<(ChatPrompt, bool), ApiError> {
     let (messages, tools) = to_openai(req)?;
     let messages = normalize_messages(&messages)?;
     let tools_vec = tools.as_ref().and_then(Value::as_array).cloned();
@@ -65,13 +65,19 @@ pub async fn handler(
 ) -> Result<Response, ApiError> {
     let f = Flavor::Anthropic;
     let req: MessagesRequest = parse_request(body, f)?;
-    let (prompt, tools_active) = prompt_of(&state, &req).map_err(|e| e.flavor(f))?;
+    let st = state.clone();
+    let (req, (prompt, tools_active)) = blocking(f, move || {
+        let p = prompt_of(&st, &req).map_err(|e| e.flavor(f))?;
+        Ok((req, p))
+    })
+    .await?;
     let stop = crate::sampling::parse_stop(req.stop_sequences.as_ref(), "stop_sequences")
         .map_err(|e| e.flavor(f))?;
     let sampling = req
         .sampling
         .resolve(&state, false, 0, false)
         .map_err(|e| e.flavor(f))?;
+    let (thinking_open, prompt) = (prompt.thinking_open, prompt.ids);
     let max_tokens = plan_max_tokens(
         &state,
         prompt.len(),
@@ -94,15 +100,26 @@ pub async fn handler(
     )?;
     let id = state.new_id("msg_");
     if req.stream.unwrap_or(false) {
-        let framer = MessagesFramer::new(state.clone(), id, tools_active, stop, input_tokens);
+        let framer = MessagesFramer::new(
+            state.clone(),
+            id,
+            tools_active,
+            stop,
+            input_tokens,
+            thinking_open,
+        );
         return Ok(sse_response(rx, framer));
     }
     let out = collect(rx, f).await?;
     let mut content = Vec::new();
-    let parsed = tools_active.then(|| parse_tool_calls(&out.text));
+    let (thinking, answer) = crate::reasoning::split(&out.text, thinking_open);
+    if !thinking.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+    }
+    let parsed = tools_active.then(|| parse_tool_calls(&answer));
     let text = parsed
         .as_ref()
-        .map_or(out.text.as_str(), |p| p.content.as_str());
+        .map_or(answer.as_str(), |p| p.content.as_str());
     if !text.is_empty() {
         content.push(json!({"type": "text", "text": text}));
     }
@@ -135,6 +152,6 @@ pub async fn count_tokens(
 ) -> Result<Response, ApiError> {
     let f = Flavor::Anthropic;
     let req: MessagesRequest = parse_request(body, f)?;
-    let (prompt, _) = prompt_of(&state, &req).map_err(|e| e.flavor(f))?;
-    Ok(axum::Json(json!({"input_tokens": prompt.len()})).into_response())
+    let (prompt, _) = blocking(f, move || prompt_of(&state, &req).map_err(|e| e.flavor(f))).await?;
+    Ok(axum::Json(json!({"input_tokens": prompt.ids.len()})).into_response())
 }

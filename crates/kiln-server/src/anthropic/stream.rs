@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use super::messages::{stop_reason, usage};
 use crate::generation::{Framer, event_frame};
+use crate::reasoning::{Piece, ThinkSplitter};
 use crate::state::SharedState;
 use crate::tools::ToolStreamFilter;
 
@@ -14,62 +15,98 @@ use crate::tools::ToolStreamFilter;
 pub struct MessagesFramer {
     state: SharedState,
     id: String,
+    think: ThinkSplitter,
     tools: Option<ToolStreamFilter>,
     stops: Vec<String>,
     input_tokens: usize,
-    /// Whether a text block is open (at `next_index`).
-    text_open: bool,
+    /// The kind of the open block (`"text"` or `"thinking"`), at `next_index`.
+    open: Option<&'static str>,
+    had_text: bool,
     next_index: usize,
 }
 
 impl MessagesFramer {
-    /// A framer for message `id`.
+    /// A framer for message `id`; `thinking_open` when the prompt leaves the model in `<think>`.
     pub fn new(
         state: SharedState,
         id: String,
         tools_active: bool,
         stops: Vec<String>,
         input_tokens: usize,
+        thinking_open: bool,
     ) -> Self {
         Self {
             input_tokens,
             state,
             id,
+            think: ThinkSplitter::new(thinking_open),
             tools: tools_active.then(ToolStreamFilter::default),
             stops,
-            text_open: false,
+            open: None,
+            had_text: false,
             next_index: 0,
         }
     }
 
-    fn text_delta(&mut self, text: &str) -> String {
+    /// A delta of `kind`, opening (and closing the previous) block as needed.
+    fn delta(&mut self, kind: &'static str, text: &str) -> String {
         let mut f = String::new();
-        if !self.text_open {
-            self.text_open = true;
+        if self.open != Some(kind) {
+            f.push_str(&self.close());
+            self.open = Some(kind);
             f.push_str(&event_frame(
                 "content_block_start",
                 &json!({"type": "content_block_start", "index": self.next_index,
-                        "content_block": {"type": "text", "text": ""}}),
+                        "content_block": {"type": kind, kind: ""}}),
             ));
+        }
+        if kind == "text" {
+            self.had_text = true;
         }
         f.push_str(&event_frame(
             "content_block_delta",
             &json!({"type": "content_block_delta", "index": self.next_index,
-                    "delta": {"type": "text_delta", "text": text}}),
+                    "delta": {"type": format!("{kind}_delta"), kind: text}}),
         ));
         f
     }
 
-    fn close_text(&mut self) -> String {
-        if !self.text_open {
+    fn close(&mut self) -> String {
+        let Some(kind) = self.open.take() else {
             return String::new();
+        };
+        let mut f = String::new();
+        if kind == "thinking" {
+            f.push_str(&event_frame(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": self.next_index,
+                        "delta": {"type": "signature_delta", "signature": ""}}),
+            ));
         }
-        self.text_open = false;
-        let f = event_frame(
+        f.push_str(&event_frame(
             "content_block_stop",
             &json!({"type": "content_block_stop", "index": self.next_index}),
-        );
+        ));
         self.next_index += 1;
+        f
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>) -> String {
+        let mut f = String::new();
+        for p in pieces {
+            match p {
+                Piece::Reasoning(r) => f.push_str(&self.delta("thinking", &r)),
+                Piece::Content(c) => {
+                    let shown = match &mut self.tools {
+                        Some(t) => t.push(&c),
+                        None => c,
+                    };
+                    if !shown.is_empty() {
+                        f.push_str(&self.delta("text", &shown));
+                    }
+                }
+            }
+        }
         f
     }
 }
@@ -87,31 +124,27 @@ impl Framer for MessagesFramer {
     }
 
     fn text(&mut self, piece: &str) -> String {
-        let shown = match &mut self.tools {
-            Some(f) => f.push(piece),
-            None => piece.to_string(),
-        };
-        if shown.is_empty() {
-            return shown;
-        }
-        self.text_delta(&shown)
+        let pieces = self.think.push(piece);
+        self.pieces(pieces)
     }
 
     fn done(&mut self, out: &GenerateOutput) -> String {
-        let mut f = String::new();
+        let tail = self.think.finish();
+        let mut f = self.pieces(tail);
         let mut calls = Vec::new();
+        let answer = self.think.content().to_string();
         if let Some(filter) = &mut self.tools {
-            let (parsed, rest) = filter.finish(&out.text);
+            let (parsed, rest) = filter.finish(&answer);
             calls = parsed.calls;
             if !rest.is_empty() {
-                f.push_str(&self.text_delta(&rest));
+                f.push_str(&self.delta("text", &rest));
             }
         }
-        if calls.is_empty() && !self.text_open && self.next_index == 0 {
-            // An empty answer still has one (empty) text block.
-            f.push_str(&self.text_delta(""));
+        if calls.is_empty() && !self.had_text {
+            // An answer without text still has one (empty) text block.
+            f.push_str(&self.delta("text", ""));
         }
-        f.push_str(&self.close_text());
+        f.push_str(&self.close());
         for c in &calls {
             let i = self.next_index;
             self.next_index += 1;

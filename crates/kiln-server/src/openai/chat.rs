@@ -12,7 +12,7 @@ use super::{logprobs, usage};
 use crate::body::parse_request;
 use crate::errors::{ApiError, Flavor};
 use crate::generation::{
-    Prepared, collect, finish_reason_str, plan_max_tokens, sse_response, submit,
+    Prepared, blocking, collect, finish_reason_str, plan_max_tokens, sse_response, submit,
 };
 use crate::prompt::{chat_prompt, normalize_messages, validate_tools};
 use crate::sampling::{SamplingFields, parse_stop, parse_top_logprobs};
@@ -49,6 +49,8 @@ pub struct ChatRequest {
     pub chat_template_kwargs: Option<Map<String, Value>>,
     /// Generate past EOS (vLLM extension, for benchmarks).
     pub ignore_eos: Option<bool>,
+    /// `none|minimal|low|medium|high`: `none` turns thinking off.
+    pub reasoning_effort: Option<String>,
     /// Choices to generate (only 1).
     pub n: Option<u64>,
     /// Sampling.
@@ -78,6 +80,28 @@ pub struct ChatPlan {
     pub tools_active: bool,
     /// Whether logprobs go into the response.
     pub logprobs: bool,
+    /// The prompt leaves the model inside `<think>`.
+    pub thinking_open: bool,
+}
+
+/// Template variables: `chat_template_kwargs`, plus `enable_thinking` from `reasoning_effort`
+/// (`none` turns thinking off, any other level on) unless the kwargs set it themselves.
+fn template_vars(req: &ChatRequest) -> Result<Option<Map<String, Value>>, ApiError> {
+    let mut vars = req.chat_template_kwargs.clone();
+    if let Some(effort) = &req.reasoning_effort {
+        let on = match effort.as_str() {
+            "none" => false,
+            "minimal" | "low" | "medium" | "high" => true,
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "reasoning_effort must be one of none, minimal, low, medium, high; got {other:?}"
+                )));
+            }
+        };
+        let v = vars.get_or_insert_with(Map::new);
+        v.entry("enable_thinking").or_insert(Value::Bool(on));
+    }
+    Ok(vars)
 }
 
 /// Validates `req` and builds its prompt.
@@ -102,12 +126,14 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
     let sampling = req
         .sampling
         .resolve(state, logprobs, if logprobs { top } else { 0 }, true)?;
+    let vars = template_vars(req)?;
     let prompt = chat_prompt(
         &state.info,
         &messages,
         tools_active.then_some(tools.as_slice()),
-        req.chat_template_kwargs.as_ref(),
+        vars.as_ref(),
     )?;
+    let (thinking_open, prompt) = (prompt.thinking_open, prompt.ids);
     let (requested, field) = match req.max_completion_tokens {
         Some(n) => (Some(n), "max_completion_tokens"),
         None => (req.max_tokens, "max_tokens"),
@@ -129,6 +155,7 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
         },
         tools_active,
         logprobs,
+        thinking_open,
     })
 }
 
@@ -138,7 +165,12 @@ pub async fn handler(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = parse_request(body, Flavor::OpenAi)?;
-    let plan = plan(&state, &req)?;
+    let st = state.clone();
+    let (req, plan) = blocking(Flavor::OpenAi, move || {
+        let p = plan(&st, &req)?;
+        Ok((req, p))
+    })
+    .await?;
     let rx = submit(&state, plan.prepared, Flavor::OpenAi)?;
     let id = state.new_id("chatcmpl-");
     if req.stream.unwrap_or(false) {
@@ -149,12 +181,14 @@ pub async fn handler(
             plan.tools_active,
             include_usage,
             plan.logprobs,
+            plan.thinking_open,
         );
         return Ok(sse_response(rx, framer));
     }
     let out = collect(rx, Flavor::OpenAi).await?;
+    let (reasoning, answer) = crate::reasoning::split(&out.text, plan.thinking_open);
     let (content, calls) = if plan.tools_active {
-        let p = parse_tool_calls(&out.text);
+        let p = parse_tool_calls(&answer);
         let calls: Vec<Value> = p
             .calls
             .iter()
@@ -165,9 +199,12 @@ pub async fn handler(
             .collect();
         (p.content, calls)
     } else {
-        (out.text.clone(), Vec::new())
+        (answer, Vec::new())
     };
     let mut message = json!({"role": "assistant", "content": content});
+    if !reasoning.is_empty() {
+        message["reasoning"] = json!(reasoning);
+    }
     if !calls.is_empty() {
         if content.is_empty() {
             message["content"] = Value::Null;

@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 
 use super::usage;
 use crate::generation::{Framer, data_frame, finish_reason_str};
+use crate::reasoning::{Piece, ThinkSplitter};
 use crate::state::{SharedState, unix_now};
 use crate::tools::ToolStreamFilter;
 
@@ -16,6 +17,7 @@ pub struct ChatFramer {
     tools: Option<ToolStreamFilter>,
     include_usage: bool,
     logprobs: bool,
+    think: ThinkSplitter,
 }
 
 impl ChatFramer {
@@ -26,8 +28,10 @@ impl ChatFramer {
         tools_active: bool,
         include_usage: bool,
         logprobs: bool,
+        thinking_open: bool,
     ) -> Self {
         Self {
+            think: ThinkSplitter::new(thinking_open),
             logprobs,
             state,
             id,
@@ -52,27 +56,45 @@ impl ChatFramer {
     }
 }
 
+impl ChatFramer {
+    /// Reasoning deltas as `{reasoning}`, content through the tool filter as `{content}`.
+    fn pieces(&mut self, pieces: Vec<Piece>) -> String {
+        let mut frames = String::new();
+        for p in pieces {
+            match p {
+                Piece::Reasoning(r) => frames.push_str(&self.chunk(json!({"reasoning": r}), None)),
+                Piece::Content(c) => {
+                    let shown = match &mut self.tools {
+                        Some(f) => f.push(&c),
+                        None => c,
+                    };
+                    if !shown.is_empty() {
+                        frames.push_str(&self.chunk(json!({"content": shown}), None));
+                    }
+                }
+            }
+        }
+        frames
+    }
+}
+
 impl Framer for ChatFramer {
     fn start(&mut self) -> String {
         self.chunk(json!({"role": "assistant", "content": ""}), None)
     }
 
     fn text(&mut self, piece: &str) -> String {
-        let shown = match &mut self.tools {
-            Some(f) => f.push(piece),
-            None => piece.to_string(),
-        };
-        if shown.is_empty() {
-            return shown;
-        }
-        self.chunk(json!({"content": shown}), None)
+        let pieces = self.think.push(piece);
+        self.pieces(pieces)
     }
 
     fn done(&mut self, out: &GenerateOutput) -> String {
-        let mut frames = String::new();
+        let tail = self.think.finish();
+        let mut frames = self.pieces(tail);
         let mut has_calls = false;
+        let answer = self.think.content().to_string();
         if let Some(f) = &mut self.tools {
-            let (parsed, rest) = f.finish(&out.text);
+            let (parsed, rest) = f.finish(&answer);
             if !rest.is_empty() {
                 frames.push_str(&self.chunk(json!({"content": rest}), None));
             }

@@ -12,7 +12,8 @@ use super::{logprobs, usage};
 use crate::body::parse_request;
 use crate::errors::{ApiError, Flavor};
 use crate::generation::{
-    Framer, Prepared, collect, data_frame, finish_reason_str, plan_max_tokens, sse_response, submit,
+    Framer, Prepared, blocking, collect, data_frame, finish_reason_str, plan_max_tokens,
+    sse_response, submit,
 };
 use crate::sampling::{SamplingFields, parse_stop};
 use crate::state::{SharedState, unix_now};
@@ -86,11 +87,14 @@ pub async fn handler(
     let sampling = req
         .sampling
         .resolve(&state, top.is_some(), top.unwrap_or(0), true)?;
-    let ids = state
-        .info
-        .tokenizer
-        .encode(prompt, true)
-        .map_err(|e| ApiError::bad_request(format!("prompt: {e}")))?;
+    let (st, text) = (state.clone(), prompt.clone());
+    let ids = blocking(Flavor::OpenAi, move || {
+        st.info
+            .tokenizer
+            .encode(&text, true)
+            .map_err(|e| ApiError::bad_request(format!("prompt: {e}")))
+    })
+    .await?;
     let max_tokens = plan_max_tokens(
         &state,
         ids.len(),
@@ -117,6 +121,7 @@ pub async fn handler(
                 state: state.clone(),
                 id,
                 created: unix_now(),
+                top,
             },
         ));
     }
@@ -141,21 +146,19 @@ struct CompletionFramer {
     state: SharedState,
     id: String,
     created: u64,
+    /// Legacy `logprobs` (alternatives per token), when asked for.
+    top: Option<usize>,
 }
 
 impl CompletionFramer {
-    fn chunk(&self, text: &str, finish: Option<&str>, usage: Option<Value>) -> String {
-        let mut v = json!({
+    fn chunk(&self, text: &str) -> String {
+        data_frame(&json!({
             "id": self.id,
             "object": "text_completion",
             "created": self.created,
             "model": self.state.info.id,
-            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
-        });
-        if let Some(u) = usage {
-            v["usage"] = u;
-        }
-        data_frame(&v)
+            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": null}],
+        }))
     }
 }
 
@@ -165,12 +168,26 @@ impl Framer for CompletionFramer {
     }
 
     fn text(&mut self, piece: &str) -> String {
-        self.chunk(piece, None, None)
+        self.chunk(piece)
     }
 
     fn done(&mut self, out: &GenerateOutput) -> String {
-        let last = self.chunk("", Some(finish_reason_str(out, false)), Some(usage(out)));
-        format!("{last}data: [DONE]\n\n")
+        let mut last = json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.state.info.id,
+            "choices": [{"index": 0, "text": "", "logprobs": null,
+                         "finish_reason": finish_reason_str(out, false)}],
+            "usage": usage(out),
+        });
+        // As for chat: per-token logprobs are known only at the end, so they ride on the last
+        // chunk (with an empty text, so `tokens` and the streamed text still line up).
+        if let Some(k) = self.top {
+            last["choices"][0]["logprobs"] =
+                logprobs::completion(&self.state.info.tokenizer, &out.logprobs, k > 0);
+        }
+        format!("{}data: [DONE]\n\n", data_frame(&last))
     }
 
     fn failed(&mut self, message: &str) -> String {

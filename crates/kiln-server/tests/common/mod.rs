@@ -86,13 +86,23 @@ impl Generator for Scripted {
 
 /// A router over `generator`.
 pub fn app_with<G: Generator>(generator: G, config: ServerConfig, queue: usize) -> Router {
+    app_with_info(generator, config, queue, info())
+}
+
+/// A router over `generator` serving a model described by `info`.
+pub fn app_with_info<G: Generator>(
+    generator: G,
+    config: ServerConfig,
+    queue: usize,
+    info: ModelInfo,
+) -> Router {
     let gateway = Arc::new(Gateway::start(generator, queue, None));
     let addr: SocketAddr = "127.0.0.1:8080".parse().unwrap();
     let config = ServerConfig {
         body_limit: kiln_server::DEFAULT_BODY_LIMIT,
         ..config
     };
-    let state = Arc::new(AppState::new(info(), gateway, config, addr));
+    let state = Arc::new(AppState::new(info, gateway, config, addr));
     kiln_server::routes::router(state)
 }
 

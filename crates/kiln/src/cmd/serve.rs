@@ -67,6 +67,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.queue == 0 {
         bail!("--queue must be at least 1");
     }
+    // Bad sampling defaults would fail every request; refuse them up front.
+    let defaults = kiln_engine::sampler::SamplingParams {
+        temperature: args.temperature.unwrap_or(0.0),
+        top_p: args.top_p.unwrap_or(0.0),
+        ..Default::default()
+    };
+    defaults
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))?;
+    if args.max_tokens == Some(0) {
+        bail!("--max-tokens must be at least 1");
+    }
     let started = Instant::now();
     let pool = thread_pool(args.runtime.threads)?;
     let mut engine = pool.install(|| load_engine(&args.model, &args.runtime))?;
