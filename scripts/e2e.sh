@@ -25,4 +25,8 @@ fi
 
 cargo build --quiet -p kiln
 export KILN_BIN="${KILN_BIN:-$PWD/target/debug/kiln}"
-exec "$VENV/bin/python" -m pytest -q tests/e2e "$@"
+# Servers started by the tests keep their job store in a throwaway folder, not the user's.
+KILN_DATA_DIR="$(mktemp -d /tmp/kiln-e2e-data.XXXXXX)"
+export KILN_DATA_DIR
+trap 'rm -rf "$KILN_DATA_DIR"' EXIT
+"$VENV/bin/python" -m pytest -q tests/e2e "$@"

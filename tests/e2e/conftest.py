@@ -21,7 +21,8 @@ MODEL = os.environ.get("KILN_E2E_MODEL", "smollm2")
 
 
 class Server:
-    def __init__(self, *extra):
+    def __init__(self, *extra, env=None):
+        self.env = env
         try:
             self._start(extra)
         except BaseException:
@@ -37,6 +38,7 @@ class Server:
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
+            env={**os.environ, **(self.env or {})},
         )
         deadline = time.time() + 120
         self.url = None

@@ -93,8 +93,12 @@ fn q8_0_f32_avx512(row: &[u8], x: &[f32]) -> f32 {
         // SAFETY: block has 2 + 32 bytes and xs 32 floats; the loads read 16 of each at
         // offsets 0 and 16.
         let partial = unsafe {
-            let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(block.as_ptr().add(2).cast())));
-            let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(block.as_ptr().add(18).cast())));
+            let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                block.as_ptr().add(2).cast(),
+            )));
+            let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                block.as_ptr().add(18).cast(),
+            )));
             let p = _mm512_mul_ps(lo, _mm512_loadu_ps(xs.as_ptr()));
             _mm512_fmadd_ps(hi, _mm512_loadu_ps(xs.as_ptr().add(16)), p)
         };

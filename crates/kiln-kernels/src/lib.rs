@@ -1,5 +1,5 @@
 //! kiln's CPU kernels: ggml block formats, dequantization, activation quantization, int8 dot
-//! products with scalar / AVX2 / AVX-512 paths, and a rayon matmul driver.
+//! products with scalar / AVX2 / AVX-512 paths, a persistent worker pool and the matmul driver.
 //!
 //! Numerics follow ggml: dequantization is bit-exact with ggml's reference, activation
 //! quantization produces ggml's integer codes, and dot products pair weights with the same

@@ -1,5 +1,5 @@
 //! Matrix × activations driver: quantize activations once, then split weight rows across
-//! rayon tasks, each task reading its weight rows once per token tile.
+//! pool tasks, each task reading its weight rows once per token tile.
 
 use crate::dequant::dequantize_unchecked;
 use crate::dot::{dot_f32_at, dot_unchecked};
@@ -88,7 +88,7 @@ pub fn dequantize_matrix(w: &QMatrix<'_>) -> Vec<f32> {
     out
 }
 
-/// Smallest number of rows one rayon task gets, so task overhead stays negligible.
+/// Smallest number of rows one pool task gets, so task overhead stays negligible.
 const MIN_ROWS_PER_TASK: usize = 64;
 /// Tokens processed per pass over a task's weight rows: their activations stay in L1 while
 /// the task's weight rows stay in L2.
@@ -159,7 +159,12 @@ pub(crate) fn par_drive(
 
 /// Like [`par_drive`], but `tile(r, t0, out)` computes row `r` against tokens `t0..t0 +
 /// out.len()` at once (at most [`TOKEN_TILE`] tokens).
-fn par_drive_tiles(rows: usize, n_tokens: usize, out: &mut [f32], tile: impl Fn(usize, usize, &mut [f32]) + Sync) {
+fn par_drive_tiles(
+    rows: usize,
+    n_tokens: usize,
+    out: &mut [f32],
+    tile: impl Fn(usize, usize, &mut [f32]) + Sync,
+) {
     debug_assert_eq!(out.len(), rows * n_tokens);
     if rows == 0 || n_tokens == 0 {
         return;

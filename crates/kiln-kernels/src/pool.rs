@@ -79,7 +79,12 @@ impl Pool {
                     .expect("spawning a kernel worker thread")
             })
             .collect();
-        Self { shared, busy: Mutex::new(()), threads, workers }
+        Self {
+            shared,
+            busy: Mutex::new(()),
+            threads,
+            workers,
+        }
     }
 
     /// Threads a job runs on.
@@ -102,7 +107,12 @@ impl Pool {
         // SAFETY (lifetime erasure): this function does not return until `remaining` is zero,
         // so the closure outlives every call; see `Job`.
         let task: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(task) };
-        let job = Arc::new(Job { task, n_tasks, next: AtomicUsize::new(0), remaining: AtomicUsize::new(n_tasks) });
+        let job = Arc::new(Job {
+            task,
+            n_tasks,
+            next: AtomicUsize::new(0),
+            remaining: AtomicUsize::new(n_tasks),
+        });
         *lock(&self.shared.current) = Some(job.clone());
         self.shared.generation.fetch_add(1, Ordering::Release);
         if self.shared.sleepers.load(Ordering::Acquire) > 0 {
@@ -153,7 +163,9 @@ fn worker_loop(shared: &Shared) {
             if spins % 64 == 0 && started.elapsed() > SPIN {
                 let mut slot = lock(&shared.current);
                 shared.sleepers.fetch_add(1, Ordering::AcqRel);
-                while shared.generation.load(Ordering::Acquire) == seen && !shared.shutdown.load(Ordering::Acquire) {
+                while shared.generation.load(Ordering::Acquire) == seen
+                    && !shared.shutdown.load(Ordering::Acquire)
+                {
                     slot = shared.wake.wait(slot).unwrap_or_else(|p| p.into_inner());
                 }
                 shared.sleepers.fetch_sub(1, Ordering::AcqRel);
@@ -182,7 +194,10 @@ fn global_slot() -> &'static RwLock<Arc<Pool>> {
 
 /// The process-wide pool (all cores, or `KILN_THREADS`, until [`set_threads`] is called).
 pub fn global() -> Arc<Pool> {
-    global_slot().read().unwrap_or_else(|p| p.into_inner()).clone()
+    global_slot()
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
 }
 
 /// Replaces the process-wide pool with one of `threads` threads.
@@ -201,13 +216,20 @@ pub fn parallel_for(n_tasks: usize, task: impl Fn(usize) + Sync) {
 /// Splits `data` into `chunk`-sized pieces (the last may be shorter) and runs
 /// `f(index, piece)` for each on the process-wide pool, grouping pieces so each task gets at
 /// least `min_per_task` of them.
-pub fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, min_per_task: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+pub fn for_each_chunk_mut<T: Send>(
+    data: &mut [T],
+    chunk: usize,
+    min_per_task: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
     if data.is_empty() || chunk == 0 {
         return;
     }
     let n_chunks = data.len().div_ceil(chunk);
     let pool = global();
-    let per_task = n_chunks.div_ceil(pool.threads() * 4).max(min_per_task.max(1));
+    let per_task = n_chunks
+        .div_ceil(pool.threads() * 4)
+        .max(min_per_task.max(1));
     let n_tasks = n_chunks.div_ceil(per_task);
     let len = data.len();
     let base = SendPtr(data.as_mut_ptr());
@@ -218,7 +240,8 @@ pub fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, min_per_task: u
             let end = (start + chunk).min(len);
             // SAFETY: chunk ranges are disjoint, inside `data`, and `data` is borrowed mutably
             // for the whole call, which returns only after every task has finished.
-            let piece = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), end - start) };
+            let piece =
+                unsafe { std::slice::from_raw_parts_mut(base.get().add(start), end - start) };
             f(c, piece);
         }
     });
@@ -253,7 +276,10 @@ mod tests {
             pool.run(n, &|i| {
                 hits[i].fetch_add(1, Ordering::Relaxed);
             });
-            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n = {n}");
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "n = {n}"
+            );
         }
     }
 

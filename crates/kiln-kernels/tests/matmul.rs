@@ -162,7 +162,9 @@ fn bench_q4_1_matmul() {
 fn tiled_prefill_matches_the_scalar_reference() {
     let (ty, rows, cols) = (GgmlType::Q4_1, 70, 17 * 32);
     let mut rng = Rng::new(21);
-    let data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols, false)).collect();
+    let data: Vec<u8> = (0..rows)
+        .flat_map(|_| random_row(&mut rng, ty, cols, false))
+        .collect();
     let w = QMatrix::new(ty, rows, cols, &data).unwrap();
     for n_tokens in [2, 3, 5, 8, 11, 16] {
         let x: Vec<f32> = (0..n_tokens * cols).map(|_| rng.sym()).collect();
@@ -172,9 +174,13 @@ fn tiled_prefill_matches_the_scalar_reference() {
         for t in 0..n_tokens {
             qa.quantize_into(ty, &x[t * cols..(t + 1) * cols]).unwrap();
             for r in 0..rows {
-                let want = vec_dot_at(CpuLevel::Scalar, ty, w.row(r).unwrap(), qa.row(0).unwrap()).unwrap();
+                let want = vec_dot_at(CpuLevel::Scalar, ty, w.row(r).unwrap(), qa.row(0).unwrap())
+                    .unwrap();
                 let got = out[t * rows + r];
-                assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "n={n_tokens} r={r} t={t}: {got} vs {want}");
+                assert!(
+                    (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                    "n={n_tokens} r={r} t={t}: {got} vs {want}"
+                );
             }
         }
     }

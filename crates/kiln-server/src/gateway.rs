@@ -121,6 +121,14 @@ struct Job {
     events: UnboundedSender<Event>,
 }
 
+/// Decides when a generation may start; the returned guard is held for the generation's whole
+/// life. The job host implements it for `--job-policy exclusive` (generations wait while a heavy
+/// job runs); the call blocks the engine thread, which is what waiting means here.
+pub trait Admission: Send + Sync {
+    /// Blocks until a generation may start.
+    fn admit(&self) -> Box<dyn Send>;
+}
+
 /// Handle to the engine thread.
 pub struct Gateway {
     tx: Mutex<Option<SyncSender<Job>>>,
@@ -131,14 +139,14 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Starts the engine thread; at most `queue` requests wait behind the running one. With a
-    /// `pool`, the engine's parallel kernels run on it.
+    /// Starts the engine thread; at most `queue` requests wait behind the running one. With an
+    /// `admission`, each generation first waits for its permit.
     pub fn start<G: Generator>(
         generator: G,
         queue: usize,
-        pool: Option<rayon::ThreadPool>,
+        admission: Option<Arc<dyn Admission>>,
     ) -> Self {
-        Self::start_with(generator, queue, pool, true)
+        Self::start_with(generator, queue, admission, true)
     }
 
     /// [`Gateway::start`]; with `reuse_prefix` false every request starts from an empty cache
@@ -146,7 +154,7 @@ impl Gateway {
     pub fn start_with<G: Generator>(
         generator: G,
         queue: usize,
-        pool: Option<rayon::ThreadPool>,
+        admission: Option<Arc<dyn Admission>>,
         reuse_prefix: bool,
     ) -> Self {
         let (tx, rx) = sync_channel::<Job>(queue.max(1));
@@ -154,10 +162,7 @@ impl Gateway {
         let m = metrics.clone();
         let thread = std::thread::Builder::new()
             .name("kiln-engine".into())
-            .spawn(move || match pool {
-                Some(pool) => pool.install(|| engine_loop(generator, rx, &m, reuse_prefix)),
-                None => engine_loop(generator, rx, &m, reuse_prefix),
-            })
+            .spawn(move || engine_loop(generator, rx, &m, reuse_prefix, admission.as_deref()))
             .ok();
         Self {
             tx: Mutex::new(thread.as_ref().map(|_| tx)),
@@ -217,11 +222,17 @@ fn engine_loop<G: Generator>(
     rx: Receiver<Job>,
     m: &GatewayMetrics,
     reuse_prefix: bool,
+    admission: Option<&dyn Admission>,
 ) {
     while let Ok(job) = rx.recv() {
         m.waiting.fetch_sub(1, Ordering::SeqCst);
         if job.events.is_closed() {
             // Its client left while it waited: skip it without computing anything.
+            m.cancelled.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let _permit = admission.map(|a| a.admit());
+        if job.events.is_closed() {
             m.cancelled.fetch_add(1, Ordering::Relaxed);
             continue;
         }

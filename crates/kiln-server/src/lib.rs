@@ -24,8 +24,20 @@ pub mod tools;
 use std::future::Future;
 use std::sync::Arc;
 
-pub use gateway::{Gateway, Generator};
-pub use state::{AppState, ModelInfo, ServerConfig, SharedState};
+pub use gateway::{Admission, Gateway, Generator};
+pub use state::{AppState, ModelInfo, ServerConfig, SharedState, StatsHook};
+
+/// What other subsystems add to the server: routes (the jobs API and page), `/stats`
+/// sections, and a note for generation responses (why a generation may wait).
+#[derive(Default)]
+pub struct Extensions {
+    /// Routes merged into the app (they get the same auth and Host checks).
+    pub router: Option<axum::Router>,
+    /// `/stats` sections by key.
+    pub stats: Vec<(String, StatsHook)>,
+    /// When it returns `Some`, generation responses carry it as `x-kiln-job-gate`.
+    pub gate_note: Option<Arc<dyn Fn() -> Option<String> + Send + Sync>>,
+}
 
 /// Default largest request body: 4 MiB (a 10 MB body is a 413).
 pub const DEFAULT_BODY_LIMIT: usize = 4 << 20;
@@ -39,9 +51,31 @@ pub async fn serve(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with(
+        listener,
+        info,
+        gateway,
+        config,
+        Extensions::default(),
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve`] with [`Extensions`].
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    info: ModelInfo,
+    gateway: Arc<Gateway>,
+    config: ServerConfig,
+    extensions: Extensions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let local_addr = listener.local_addr()?;
-    let state = Arc::new(AppState::new(info, gateway.clone(), config, local_addr));
-    let app = routes::router(state);
+    let mut state = AppState::new(info, gateway.clone(), config, local_addr);
+    state.extra_stats = extensions.stats;
+    let state = Arc::new(state);
+    let app = routes::router_with(state, extensions.router, extensions.gate_note);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;

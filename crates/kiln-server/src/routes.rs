@@ -63,8 +63,36 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
 
 /// Builds the application.
 pub fn router(state: SharedState) -> Router {
+    router_with(state, None, None)
+}
+
+/// Adds `x-kiln-job-gate` to generation responses while `note` says generations wait.
+async fn gate_header(
+    State(note): State<GateNote>,
+    req: axum::extract::Request,
+    next: middleware::Next,
+) -> Response {
+    let is_generation =
+        req.method() == axum::http::Method::POST && req.uri().path().starts_with("/v1/");
+    let waiting = if is_generation { note() } else { None };
+    let mut resp = next.run(req).await;
+    if let Some(v) = waiting.and_then(|w| axum::http::HeaderValue::from_str(&w).ok()) {
+        resp.headers_mut().insert("x-kiln-job-gate", v);
+    }
+    resp
+}
+
+type GateNote = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// Builds the application with extra routes merged in (behind the same auth and Host checks)
+/// and, with `gate_note`, the job-gate response header.
+pub fn router_with(
+    state: SharedState,
+    extra: Option<Router>,
+    gate_note: Option<GateNote>,
+) -> Router {
     let limit = state.config.body_limit.max(1024);
-    Router::new()
+    let base = Router::new()
         .route("/", get(page::index))
         .route("/health", get(health))
         .route("/ready", get(ready))
@@ -84,8 +112,15 @@ pub fn router(state: SharedState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
-        .layer(middleware::from_fn_with_state(state.clone(), auth::guard))
-        .with_state(state)
+        .with_state(state.clone());
+    let mut app = match extra {
+        Some(extra) => base.merge(extra),
+        None => base,
+    };
+    if let Some(note) = gate_note {
+        app = app.layer(middleware::from_fn_with_state(note, gate_header));
+    }
+    app.layer(middleware::from_fn_with_state(state, auth::guard))
 }
 
 async fn not_found(uri: Uri) -> ApiError {

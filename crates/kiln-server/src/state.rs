@@ -91,9 +91,14 @@ pub struct AppState {
     pub local_addr: SocketAddr,
     /// Unix seconds at start.
     pub started_at: u64,
+    /// Sections other subsystems add to `/stats` (e.g. `jobs`), by key.
+    pub extra_stats: Vec<(String, StatsHook)>,
     weyl: AtomicU64,
     ids: AtomicU64,
 }
+
+/// Produces one `/stats` section.
+pub type StatsHook = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// Handler state handle.
 pub type SharedState = Arc<AppState>;
@@ -119,6 +124,7 @@ impl AppState {
             config,
             local_addr,
             started_at: unix_now(),
+            extra_stats: Vec::new(),
             weyl: AtomicU64::new(0),
             ids: AtomicU64::new(0),
         }

@@ -23,7 +23,7 @@ pub fn stats_json(state: &SharedState) -> Value {
     let kv_used = m.kv_used.load(Relaxed);
     let generated = m.generated_tokens.load(Relaxed);
     let decode_secs = m.decode_micros.load(Relaxed) as f64 / 1e6;
-    json!({
+    let mut body = json!({
         "server": {"owner": "serve", "model": state.info.id, "started_at": state.started_at,
                    "load_secs": state.info.load_secs},
         "prompt_cache": {
@@ -46,7 +46,13 @@ pub fn stats_json(state: &SharedState) -> Value {
         "tokens": {"prompt": m.prompt_tokens.load(Relaxed), "generated": generated,
                    "decode_tokens_per_sec": if decode_secs > 0.0 { generated as f64 / decode_secs } else { 0.0 }},
         "batch": {"configured": 1, "batched": false, "active_rows": m.running.load(Relaxed)},
-    })
+    });
+    if let Some(obj) = body.as_object_mut() {
+        for (key, hook) in &state.extra_stats {
+            obj.insert(key.clone(), hook());
+        }
+    }
+    body
 }
 
 /// `GET /stats`.

@@ -38,18 +38,6 @@ pub fn set_threads(threads: Option<usize>) -> Result<()> {
     Ok(())
 }
 
-/// A rayon pool of `threads` workers (checked against the machine).
-pub fn thread_pool(threads: Option<usize>) -> Result<rayon::ThreadPool> {
-    let n = threads.unwrap_or_else(available_threads);
-    if n == 0 || n > 1024 {
-        bail!("--threads must be between 1 and 1024, got {n}");
-    }
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build()
-        .context("starting the thread pool")
-}
-
 /// Resolves a model name or path, downloading the starter model if needed.
 pub fn resolve(spec: &str) -> Result<PathBuf> {
     let resolved =

@@ -21,7 +21,10 @@ pub(crate) fn f16c(h: half::f16) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn f16c_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
-    f16c(half::f16::from_bits(u16::from_le_bytes([b[off], b[off + 1]])))
+    f16c(half::f16::from_bits(u16::from_le_bytes([
+        b[off],
+        b[off + 1],
+    ])))
 }
 
 #[inline]

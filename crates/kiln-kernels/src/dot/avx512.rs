@@ -101,14 +101,23 @@ pub fn q8_0_q8_0(w: &[[u8; Q8_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
 /// # Safety
 /// The CPU must support the [`crate::CpuLevel::Avx512`] feature set.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub fn q4_1_q8_1_tile<const N: usize>(w: &[[u8; Q4_1_BYTES]], a: [&[BlockQ8_1]; N], out: &mut [f32; N]) {
+pub fn q4_1_q8_1_tile<const N: usize>(
+    w: &[[u8; Q4_1_BYTES]],
+    a: [&[BlockQ8_1]; N],
+    out: &mut [f32; N],
+) {
     let n = a.iter().fold(w.len(), |n, r| n.min(r.len()));
     let (w2, wt) = w[..n].as_chunks::<2>();
     let mut acc = [_mm512_setzero_ps(); N];
     let mut summ = [0f32; N];
     for (i, [b0, b1]) in w2.iter().enumerate() {
         // SAFETY (qs pointers): bytes 4..20 of a 20-byte block.
-        let (q0, q1) = unsafe { (&*b0.as_ptr().add(4).cast::<[u8; 16]>(), &*b1.as_ptr().add(4).cast::<[u8; 16]>()) };
+        let (q0, q1) = unsafe {
+            (
+                &*b0.as_ptr().add(4).cast::<[u8; 16]>(),
+                &*b1.as_ptr().add(4).cast::<[u8; 16]>(),
+            )
+        };
         let x = join(avx2::nibbles(q0), avx2::nibbles(q1));
         let (d0, d1) = (f16c_at(b0, 0), f16c_at(b1, 0));
         let (m0, m1) = (f16c_at(b0, 2), f16c_at(b1, 2));

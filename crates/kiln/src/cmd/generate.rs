@@ -34,7 +34,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             if streaming {
                 let mut out = stdout.lock();
                 // A closed pipe (`| head`) ends generation rather than failing it.
-                return out.write_all(piece.as_bytes()).and_then(|_| out.flush()).is_ok();
+                return out
+                    .write_all(piece.as_bytes())
+                    .and_then(|_| out.flush())
+                    .is_ok();
             }
             true
         })?;

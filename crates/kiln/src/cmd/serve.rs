@@ -6,10 +6,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, FromArgMatches};
-use kiln_server::{Gateway, ModelInfo, ServerConfig};
+use kiln_jobs::{HostConfig, JobHost, JobPaths, JobPolicy};
+use kiln_server::{Admission, Extensions, Gateway, ModelInfo, ServerConfig};
 
 use crate::cli::RuntimeArgs;
-use crate::common::{load_engine, thread_pool};
+use crate::common::{load_engine, set_threads};
 
 /// `kiln serve`.
 #[derive(Debug, Args)]
@@ -48,6 +49,10 @@ pub struct ServeArgs {
     /// Requests that may wait behind the running one before new ones get 503.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
+    /// How heavy lab jobs share the CPU with inference: `exclusive` makes new generations wait
+    /// while a heavy job runs (the cores are the same); `shared` lets both run.
+    #[arg(long, default_value = "exclusive")]
+    pub job_policy: JobPolicy,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 }
@@ -80,8 +85,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         bail!("--max-tokens must be at least 1");
     }
     let started = Instant::now();
-    let pool = thread_pool(args.runtime.threads)?;
-    let mut engine = pool.install(|| load_engine(&args.model, &args.runtime))?;
+    set_threads(args.runtime.threads)?;
+    let mut engine = load_engine(&args.model, &args.runtime)?;
     engine.set_prompt_cache_bytes(usize::try_from(args.prompt_cache_bytes).unwrap_or(usize::MAX));
     let path = engine.model().path.clone();
     let id = path
@@ -111,17 +116,28 @@ pub fn run(args: ServeArgs) -> Result<()> {
         body_limit: kiln_server::DEFAULT_BODY_LIMIT,
     };
     let reuse_prefix = args.prompt_cache_bytes > 0;
-    let gateway = Arc::new(Gateway::start_with(
-        engine,
-        args.queue,
-        Some(pool),
-        reuse_prefix,
-    ));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let jobs = {
+        let _guard = rt.enter();
+        let mut cfg = HostConfig::new(JobPaths::from_env()?, super::jobs::registry())?;
+        cfg.policy = args.job_policy;
+        JobHost::open(cfg).context("opening the job store")?
+    };
+    let admission: Arc<dyn Admission> = Arc::new(JobGate {
+        jobs: jobs.clone(),
+        rt: rt.handle().clone(),
+    });
+    let gateway = Arc::new(Gateway::start_with(
+        engine,
+        args.queue,
+        Some(admission),
+        reuse_prefix,
+    ));
+    let extensions = job_extensions(&jobs);
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
@@ -135,10 +151,56 @@ pub fn run(args: ServeArgs) -> Result<()> {
         writeln!(out, "chat page: http://{addr}/  (ready in {:.2}s)", started.elapsed().as_secs_f64())?;
         out.flush()?;
         drop(out);
-        kiln_server::serve(listener, info, gateway, config, kiln_server::shutdown_signal())
+        // The job host closes inside the shutdown future: an open SSE tail of a running job
+        // would otherwise keep connection draining waiting.
+        let shutdown = async move {
+            kiln_server::shutdown_signal().await;
+            jobs.close().await;
+        };
+        kiln_server::serve_with(listener, info, gateway, config, extensions, shutdown)
             .await
             .context("serving")?;
         eprintln!("kiln: stopped");
         Ok(())
     })
+}
+
+/// `--job-policy exclusive`: a generation waits while a heavy job holds the execution lease.
+struct JobGate {
+    jobs: JobHost,
+    rt: tokio::runtime::Handle,
+}
+
+impl Admission for JobGate {
+    fn admit(&self) -> Box<dyn Send> {
+        let permit = self.rt.block_on(self.jobs.inference_gate());
+        if let Some(job) = &permit.waited_for {
+            tracing::info!(
+                job,
+                "a generation waited for a heavy job (--job-policy exclusive)"
+            );
+        }
+        Box::new(permit)
+    }
+}
+
+/// The jobs API and page, the `jobs` section of `/stats`, and the job-gate response header.
+fn job_extensions(jobs: &JobHost) -> Extensions {
+    let (for_stats, for_note) = (jobs.clone(), jobs.clone());
+    Extensions {
+        router: Some(kiln_jobs::http::router(jobs.clone())),
+        stats: vec![(
+            "jobs".into(),
+            Arc::new(move || serde_json::to_value(for_stats.status()).unwrap_or_default()),
+        )],
+        gate_note: Some(Arc::new(move || {
+            let status = for_note.status();
+            status.inference_gated.then(|| {
+                format!(
+                    "waiting for heavy job {}",
+                    status.lease_holder.unwrap_or_default()
+                )
+            })
+        })),
+    }
 }

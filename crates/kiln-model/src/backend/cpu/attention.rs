@@ -38,33 +38,33 @@ pub(crate) fn attention(
     let (keys, values) = (&kv.keys[layer], &kv.values[layer]);
     let kv_ref = &*kv;
     kiln_kernels::pool::for_each_chunk_mut(&mut out.data, hd, 1, |idx, out_head| {
-            let (qi, h) = (idx / p.n_heads, idx % p.n_heads);
-            let (slot, pos) = queries[qi];
-            let q_head = &q.row(qi)[h * hd..(h + 1) * hd];
-            let kvh = h / group;
-            let first = match p.window {
-                Some(w) => (pos + 1).saturating_sub(w),
-                None => 0,
-            };
-            let mut max = f32::NEG_INFINITY;
-            let mut denom = 0f32;
-            for j in first..=pos {
-                let off = kv_ref.offset(slot, j) + kvh * hd;
-                let score = dot(q_head, &keys[off..off + hd]) * p.scale;
-                let vj = &values[off..off + hd];
-                if score > max {
-                    let correction = (max - score).exp();
-                    denom *= correction;
-                    out_head.iter_mut().for_each(|o| *o *= correction);
-                    max = score;
-                }
-                let w = (score - max).exp();
-                denom += w;
-                out_head.iter_mut().zip(vj).for_each(|(o, &x)| *o += w * x);
+        let (qi, h) = (idx / p.n_heads, idx % p.n_heads);
+        let (slot, pos) = queries[qi];
+        let q_head = &q.row(qi)[h * hd..(h + 1) * hd];
+        let kvh = h / group;
+        let first = match p.window {
+            Some(w) => (pos + 1).saturating_sub(w),
+            None => 0,
+        };
+        let mut max = f32::NEG_INFINITY;
+        let mut denom = 0f32;
+        for j in first..=pos {
+            let off = kv_ref.offset(slot, j) + kvh * hd;
+            let score = dot(q_head, &keys[off..off + hd]) * p.scale;
+            let vj = &values[off..off + hd];
+            if score > max {
+                let correction = (max - score).exp();
+                denom *= correction;
+                out_head.iter_mut().for_each(|o| *o *= correction);
+                max = score;
             }
-            let inv = 1.0 / denom;
-            out_head.iter_mut().for_each(|o| *o *= inv);
-        });
+            let w = (score - max).exp();
+            denom += w;
+            out_head.iter_mut().zip(vj).for_each(|(o, &x)| *o += w * x);
+        }
+        let inv = 1.0 / denom;
+        out_head.iter_mut().for_each(|o| *o *= inv);
+    });
     out
 }
 
