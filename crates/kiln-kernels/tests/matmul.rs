@@ -147,7 +147,7 @@ fn bench_q4_1_matmul() {
             println!(
                 "Q4_1 {rows}x{cols} n_tokens={n} level={:?} threads={}: {:.1} us/call, {:.2} GB/s weights, {:.2} GMAC/s",
                 cpu_level(),
-                rayon::current_num_threads(),
+                kiln_kernels::pool::global().threads(),
                 dt * 1e6,
                 data.len() as f64 / dt / 1e9,
                 (rows * cols * n) as f64 / dt / 1e9
