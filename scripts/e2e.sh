@@ -16,8 +16,13 @@ if [[ ! -f "$STAMP" ]] || [[ "$(cat "$STAMP")" != "$PINS" ]]; then
   echo "$PINS" > "$STAMP"
 fi
 
-# The chat-page test drives Debian's chromium with playwright-core (no browser download); it is
-# skipped where node or chromium is missing.
+# The chat-page test drives Debian's chromium with playwright-core (no browser download). As root
+# with apt (CI, these machines) the script installs chromium itself; elsewhere the page test is
+# skipped when node or chromium is missing.
+if ! command -v chromium >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "e2e: could not install chromium; the page test will be skipped" >&2
+fi
 PAGE=tests/e2e/page
 if command -v npm >/dev/null 2>&1 && [[ ! -d "$PAGE/node_modules/playwright-core" ]]; then
   (cd "$PAGE" && npm ci --no-audit --no-fund --silent) || echo "e2e: could not install playwright-core; the page test will be skipped" >&2
