@@ -160,7 +160,7 @@ fn worker_loop(shared: &Shared) {
                 break;
             }
             spins += 1;
-            if spins % 64 == 0 && started.elapsed() > SPIN {
+            if spins.is_multiple_of(64) && started.elapsed() > SPIN {
                 let mut slot = lock(&shared.current);
                 shared.sleepers.fetch_add(1, Ordering::AcqRel);
                 while shared.generation.load(Ordering::Acquire) == seen

@@ -2,6 +2,9 @@
 //! no kernel with [`super::cpu`], so agreement between the two checks both and keeps the
 //! [`Backend`] seam honest.
 
+// Index loops are the point of a naive oracle.
+#![allow(clippy::needless_range_loop)]
+
 use super::{AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, KvStore};
 use crate::ModelError;
 use crate::config::Activation;

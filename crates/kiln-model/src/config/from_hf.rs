@@ -131,12 +131,12 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
         }
     };
     // Gemma 3 multimodal configs nest the language model.
-    if model_type == "gemma3" {
-        if let Some(text) = json.get("text_config") {
-            let mut cfg = config_from_hf_json(path, &merge_model_type(text, "gemma3_text"))?;
-            cfg.eos_token_ids.extend(f.token_ids("eos_token_id")?);
-            return Ok(cfg);
-        }
+    if model_type == "gemma3"
+        && let Some(text) = json.get("text_config")
+    {
+        let mut cfg = config_from_hf_json(path, &merge_model_type(text, "gemma3_text"))?;
+        cfg.eos_token_ids.extend(f.token_ids("eos_token_id")?);
+        return Ok(cfg);
     }
     let hidden_size = f.usize("hidden_size")?;
     let num_heads = f.usize("num_attention_heads")?;

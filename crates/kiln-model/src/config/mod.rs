@@ -142,13 +142,13 @@ impl ModelConfig {
         for (name, v) in positive {
             check_size(name, v)?;
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim {} must be even for RoPE", self.head_dim));
         }
         if self.layer_attention.len() != self.num_layers {

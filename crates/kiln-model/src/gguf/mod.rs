@@ -206,7 +206,7 @@ fn read_tensor_info(r: &mut Reader<'_>, index: usize) -> Result<GgufTensorInfo, 
 }
 
 fn check_tensor_range(t: &GgufTensorInfo, alignment: u64, data_len: u64) -> Result<(), GgufError> {
-    if t.offset % alignment != 0 {
+    if !t.offset.is_multiple_of(alignment) {
         return Err(GgufError::Invalid {
             field: format!("{}: offset", t.name),
             reason: format!("{} is not aligned to {alignment}", t.offset),

@@ -54,7 +54,7 @@ impl GgufBuilder {
     }
 
     pub(crate) fn f32_tensor(mut self, name: &str, dims: &[u64], values: &[f32]) -> Self {
-        while self.data.len() % 32 != 0 {
+        while !self.data.len().is_multiple_of(32) {
             self.data.push(0);
         }
         Self::put_str(&mut self.infos, name);
@@ -78,7 +78,7 @@ impl GgufBuilder {
         out.extend(self.kv_count.to_le_bytes());
         out.extend(self.kv);
         out.extend(self.infos);
-        while out.len() % 32 != 0 {
+        while !out.len().is_multiple_of(32) {
             out.push(0);
         }
         out.extend(self.data);
