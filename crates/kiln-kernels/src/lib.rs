@@ -15,6 +15,7 @@ pub mod level;
 pub mod matmul;
 pub mod pool;
 pub mod quantize;
+pub mod softmax;
 pub mod types;
 
 pub use blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};

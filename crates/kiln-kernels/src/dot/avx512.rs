@@ -40,7 +40,12 @@ fn scales(da: f32, db: f32) -> __m512 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn q4_1_pair(b0: &[u8; Q4_1_BYTES], b1: &[u8; Q4_1_BYTES]) -> (__m512i, __m128) {
     // SAFETY: each load reads bytes 4..20 of a 20-byte block.
-    let (q0, q1) = unsafe { (_mm_loadu_si128(b0.as_ptr().add(4).cast()), _mm_loadu_si128(b1.as_ptr().add(4).cast())) };
+    let (q0, q1) = unsafe {
+        (
+            _mm_loadu_si128(b0.as_ptr().add(4).cast()),
+            _mm_loadu_si128(b1.as_ptr().add(4).cast()),
+        )
+    };
     let v = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(q0), q1);
     let m = _mm256_set1_epi8(0x0F);
     let lo = _mm256_and_si256(v, m);
@@ -57,7 +62,10 @@ fn q4_1_pair(b0: &[u8; Q4_1_BYTES], b1: &[u8; Q4_1_BYTES]) -> (__m512i, __m128) 
 fn q8_1_pair(y0: &BlockQ8_1, y1: &BlockQ8_1) -> (__m512i, __m128) {
     // [y0 | y1] in qwords is [y0lo(0,1), y0hi(2,3), y1lo(4,5), y1hi(6,7)]; reorder to
     // [y0lo, y1lo, y0hi, y1hi] to meet the nibbles.
-    let y = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7), load_pair(&y0.qs, &y1.qs));
+    let y = _mm512_permutexvar_epi64(
+        _mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7),
+        load_pair(&y0.qs, &y1.qs),
+    );
     let bits = |b: &BlockQ8_1| (b.d.to_bits() as u32 | (b.s.to_bits() as u32) << 16) as i32;
     (y, _mm_cvtph_ps(_mm_set_epi32(0, 0, bits(y1), bits(y0))))
 }
@@ -65,20 +73,33 @@ fn q8_1_pair(y0: &BlockQ8_1, y1: &BlockQ8_1) -> (__m512i, __m128) {
 /// One block pair's contribution: `acc += Σ d·dy·(q·qy)` per lane, `mins += [_, m·s, _, m·s]`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn q4_1_pair_step(x: __m512i, ws: __m128, y: __m512i, ys: __m128, acc: __m512, mins: __m128) -> (__m512, __m128) {
+fn q4_1_pair_step(
+    x: __m512i,
+    ws: __m128,
+    y: __m512i,
+    ys: __m128,
+    acc: __m512,
+    mins: __m128,
+) -> (__m512, __m128) {
     let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x, y);
     let prod = _mm_mul_ps(ws, ys);
     // Lanes 0-3 and 8-11 hold block 0's sums, 4-7 and 12-15 block 1's.
     let idx = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2);
     let d = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(prod));
-    (_mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc), _mm_add_ps(mins, prod))
+    (
+        _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc),
+        _mm_add_ps(mins, prod),
+    )
 }
 
 /// Sum of the vector accumulator and the `m·s` lanes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn q4_1_finish(acc: __m512, mins: __m128) -> f32 {
-    let m = _mm_add_ss(_mm_movehdup_ps(mins), _mm_movehl_ps(mins, _mm_movehdup_ps(mins)));
+    let m = _mm_add_ss(
+        _mm_movehdup_ps(mins),
+        _mm_movehl_ps(mins, _mm_movehdup_ps(mins)),
+    );
     _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(m)
 }
 
@@ -139,7 +160,11 @@ pub fn q8_0_q8_0(w: &[[u8; Q8_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
 /// # Safety
 /// The CPU must support the [`crate::CpuLevel::Avx512`] feature set.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub fn q4_1_q8_1_tile<const N: usize>(w: &[[u8; Q4_1_BYTES]], a: [&[BlockQ8_1]; N], out: &mut [f32; N]) {
+pub fn q4_1_q8_1_tile<const N: usize>(
+    w: &[[u8; Q4_1_BYTES]],
+    a: [&[BlockQ8_1]; N],
+    out: &mut [f32; N],
+) {
     let n = a.iter().fold(w.len(), |n, r| n.min(r.len()));
     let (w2, wt) = w[..n].as_chunks::<2>();
     let mut acc = [_mm512_setzero_ps(); N];

@@ -1,5 +1,6 @@
-//! Causal attention over the dense cache with an online softmax: one pass over the visible keys,
-//! no score matrix materialised, so the transient memory is one head's accumulator per task.
+//! Causal attention over the dense cache. One task per (query, KV head) serves every query head
+//! of the GQA group, so each cached key and value row is read once per group; scores go to a
+//! per-thread buffer (one row per head), then an exact two-pass softmax and the weighted sum.
 
 use super::kv::CpuKv;
 use crate::backend::{AttentionParams, BatchLayout, HostAct};
@@ -37,35 +38,51 @@ pub(crate) fn attention(
     let mut out = HostAct::zeros(q.rows, p.n_heads * hd);
     let (keys, values) = (&kv.keys[layer], &kv.values[layer]);
     let kv_ref = &*kv;
-    kiln_kernels::pool::for_each_chunk_mut(&mut out.data, hd, 1, |idx, out_head| {
-        let (qi, h) = (idx / p.n_heads, idx % p.n_heads);
+    // One task per (query, KV head): the query heads of a GQA group are adjacent in the output
+    // row, and each key/value row is loaded once for all of them.
+    kiln_kernels::pool::for_each_chunk_mut(&mut out.data, group * hd, 1, |idx, out_group| {
+        let (qi, g) = (idx / p.n_kv_heads, idx % p.n_kv_heads);
         let (slot, pos) = queries[qi];
-        let q_head = &q.row(qi)[h * hd..(h + 1) * hd];
-        let kvh = h / group;
         let first = match p.window {
             Some(w) => (pos + 1).saturating_sub(w),
             None => 0,
         };
-        let mut max = f32::NEG_INFINITY;
-        let mut denom = 0f32;
-        for j in first..=pos {
-            let off = kv_ref.offset(slot, j) + kvh * hd;
-            let score = dot(q_head, &keys[off..off + hd]) * p.scale;
-            let vj = &values[off..off + hd];
-            if score > max {
-                let correction = (max - score).exp();
-                denom *= correction;
-                out_head.iter_mut().for_each(|o| *o *= correction);
-                max = score;
+        let n = pos + 1 - first;
+        let q_group = &q.row(qi)[g * group * hd..(g + 1) * group * hd];
+        SCORES.with(|cell| {
+            let mut scores = cell.borrow_mut();
+            scores.clear();
+            scores.resize(group * n, 0.0);
+            for (jj, j) in (first..=pos).enumerate() {
+                let off = kv_ref.offset(slot, j) + g * hd;
+                let kj = &keys[off..off + hd];
+                for h in 0..group {
+                    scores[h * n + jj] = dot(&q_group[h * hd..(h + 1) * hd], kj) * p.scale;
+                }
             }
-            let w = (score - max).exp();
-            denom += w;
-            out_head.iter_mut().zip(vj).for_each(|(o, &x)| *o += w * x);
-        }
-        let inv = 1.0 / denom;
-        out_head.iter_mut().for_each(|o| *o *= inv);
+            for h in 0..group {
+                let s = &mut scores[h * n..(h + 1) * n];
+                let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let inv = 1.0 / kiln_kernels::softmax::exp_shifted_in_place(s, max);
+                s.iter_mut().for_each(|x| *x *= inv);
+            }
+            for (jj, j) in (first..=pos).enumerate() {
+                let off = kv_ref.offset(slot, j) + g * hd;
+                let vj = &values[off..off + hd];
+                for (h, out_head) in out_group.chunks_exact_mut(hd).enumerate() {
+                    let w = scores[h * n + jj];
+                    out_head.iter_mut().zip(vj).for_each(|(o, &x)| *o += w * x);
+                }
+            }
+        });
     });
     out
+}
+
+thread_local! {
+    /// Softmax weights of one task, `[group][visible keys]`: the attention transient is
+    /// `heads per KV head × context × 4` bytes per worker thread, reused across calls.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 #[inline]
