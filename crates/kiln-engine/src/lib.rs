@@ -7,6 +7,7 @@ pub mod bench;
 pub mod detok;
 pub mod error;
 pub mod generate;
+pub mod kv_scheme;
 pub mod load;
 pub mod prompt_cache;
 pub mod sampler;

@@ -24,6 +24,8 @@ pub enum Command {
     Models(ModelsArgs),
     /// Download a model (default: the starter model, SmolLM2-135M-Instruct Q4_1).
     Pull(PullArgs),
+    /// Will a model fit in memory: weights, KV cache, transient, max safe context, est. tok/s.
+    Fit(crate::cmd::fit::FitArgs),
     /// Serve the model over OpenAI- and Anthropic-compatible HTTP with a chat page (the default verb).
     Serve(crate::cmd::serve::ServeArgs),
     /// List, show, follow, cancel and submit lab jobs on a running server.

@@ -16,6 +16,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Bench(args)) => cmd::bench::run(args),
         Some(cli::Command::Models(args)) => cmd::models::run(args),
         Some(cli::Command::Pull(args)) => cmd::pull::run(args),
+        Some(cli::Command::Fit(args)) => cmd::fit::run(args),
         Some(cli::Command::Serve(args)) => cmd::serve::run(args),
         Some(cli::Command::Jobs(args)) => cmd::jobs::run(args),
         Some(cli::Command::Job(args)) => return cmd::jobs::child(args),

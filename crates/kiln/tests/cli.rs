@@ -104,7 +104,7 @@ fn models_lists_the_starter_model() {
 
 #[test]
 fn every_verb_has_help() {
-    for verb in ["generate", "bench", "models", "pull", "serve"] {
+    for verb in ["generate", "bench", "models", "pull", "serve", "fit"] {
         let o = kiln(&[verb, "--help"]);
         assert!(o.status.success(), "{verb} --help");
         assert!(stdout(&o).contains("Usage"), "{verb} --help prints usage");

@@ -1,7 +1,7 @@
 //! The decoder block shared by every supported architecture.
 
 use crate::ModelError;
-use crate::backend::{AttentionParams, Backend, BatchLayout};
+use crate::backend::{AttentionParams, Backend, BatchLayout, RopeAngles};
 use crate::config::{LayerAttention, ModelConfig};
 use crate::weights::{TensorSource, optional, require};
 
@@ -155,9 +155,8 @@ pub(crate) fn load_layer<B: Backend>(
 pub(crate) struct ForwardCtx<'a> {
     pub cfg: &'a ModelConfig,
     pub batch: &'a BatchLayout,
-    pub positions: &'a [usize],
-    pub inv_freq_global: &'a [f32],
-    pub inv_freq_local: &'a [f32],
+    pub rope_global: &'a RopeAngles,
+    pub rope_local: &'a RopeAngles,
 }
 
 /// Runs layer `index` on the residual stream `x` in place.
@@ -190,11 +189,11 @@ pub(crate) fn forward_layer<B: Backend>(
         b.head_rms_norm(&mut k, hd, kn, eps, off);
     }
     let (window, inv_freq) = match cfg.layer_attention[index] {
-        LayerAttention::Full => (None, ctx.inv_freq_global),
-        LayerAttention::Sliding { window } => (Some(window), ctx.inv_freq_local),
+        LayerAttention::Full => (None, ctx.rope_global),
+        LayerAttention::Sliding { window } => (Some(window), ctx.rope_local),
     };
-    b.rope(&mut q, hd, ctx.positions, inv_freq);
-    b.rope(&mut k, hd, ctx.positions, inv_freq);
+    b.rope(&mut q, hd, inv_freq);
+    b.rope(&mut k, hd, inv_freq);
     let params = AttentionParams {
         n_heads: cfg.num_heads,
         n_kv_heads: cfg.num_kv_heads,

@@ -4,7 +4,7 @@
 use super::decoder::{self, ForwardCtx, Layer};
 use super::{gemma3, llama, qwen2, qwen3};
 use crate::ModelError;
-use crate::backend::{Backend, BatchLayout, KvStore};
+use crate::backend::{Backend, BatchLayout, KvStore, RopeAngles};
 use crate::config::{Architecture, ModelConfig};
 use crate::weights::{TensorSource, optional};
 
@@ -92,12 +92,17 @@ impl<B: Backend> Model<B> {
             kv.set_seq_len(s.slot, s.start_pos);
         }
         let positions = batch.positions();
+        let rope_global = RopeAngles::new(&positions, &self.inv_freq_global);
+        let rope_local = if self.inv_freq_local == self.inv_freq_global {
+            rope_global.clone()
+        } else {
+            RopeAngles::new(&positions, &self.inv_freq_local)
+        };
         let ctx = ForwardCtx {
             cfg: &self.config,
             batch,
-            positions: &positions,
-            inv_freq_global: &self.inv_freq_global,
-            inv_freq_local: &self.inv_freq_local,
+            rope_global: &rope_global,
+            rope_local: &rope_local,
         };
         let mut x = b.embed(&self.embed, tokens, self.config.embedding_scale)?;
         for (i, layer) in self.layers.iter().enumerate() {

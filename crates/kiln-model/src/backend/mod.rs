@@ -58,6 +58,42 @@ impl BatchLayout {
     }
 }
 
+/// RoPE angles of one forward's tokens: computed once per forward and frequency set, not per
+/// layer and head (that was most of a decode step's non-matmul time).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeAngles {
+    /// Position of each token.
+    pub positions: Vec<usize>,
+    /// The `head_dim / 2` inverse frequencies.
+    pub inv_freq: Vec<f32>,
+    /// `cos(pos · f)` as `[token][i]`.
+    pub cos: Vec<f32>,
+    /// `sin(pos · f)` as `[token][i]`.
+    pub sin: Vec<f32>,
+}
+
+impl RopeAngles {
+    /// The angle of token `t`, frequency `i` is `positions[t] as f32 * inv_freq[i]` in f32 (as
+    /// transformers computes it), its sine and cosine taken in f64 and rounded once.
+    pub fn new(positions: &[usize], inv_freq: &[f32]) -> Self {
+        let mut cos = Vec::with_capacity(positions.len() * inv_freq.len());
+        let mut sin = Vec::with_capacity(positions.len() * inv_freq.len());
+        for &p in positions {
+            for &f in inv_freq {
+                let (s, c) = ((p as f32 * f) as f64).sin_cos();
+                cos.push(c as f32);
+                sin.push(s as f32);
+            }
+        }
+        Self {
+            positions: positions.to_vec(),
+            inv_freq: inv_freq.to_vec(),
+            cos,
+            sin,
+        }
+    }
+}
+
 /// Shape of one layer's attention, as the backend's kernel needs it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionParams {
@@ -198,8 +234,8 @@ pub trait Backend: Send + Sync {
     fn matmul(&self, x: &Self::Act, w: &Self::Matrix) -> Result<Self::Act, ModelError>;
     /// Adds a bias to every row.
     fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector);
-    /// Rotates each `head_dim` slice in the rotate-half (NeoX) layout by its token's position.
-    fn rope(&self, x: &mut Self::Act, head_dim: usize, positions: &[usize], inv_freq: &[f32]);
+    /// Rotates each `head_dim` slice in the rotate-half (NeoX) layout by its token's angles.
+    fn rope(&self, x: &mut Self::Act, head_dim: usize, angles: &RopeAngles);
     /// Writes this batch's keys and values into `kv` at `layer` and attends causally.
     #[allow(clippy::too_many_arguments)]
     fn attention(

@@ -5,7 +5,9 @@
 // Index loops are the point of a naive oracle.
 #![allow(clippy::needless_range_loop)]
 
-use super::{AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, KvStore};
+use super::{
+    AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, KvStore, RopeAngles,
+};
 use crate::ModelError;
 use crate::config::Activation;
 
@@ -147,7 +149,9 @@ impl Backend for ReferenceBackend {
         }
     }
 
-    fn rope(&self, x: &mut HostAct, head_dim: usize, positions: &[usize], inv_freq: &[f32]) {
+    fn rope(&self, x: &mut HostAct, head_dim: usize, angles: &RopeAngles) {
+        // Recomputed from positions and frequencies: the tables are the CPU backend's business.
+        let (positions, inv_freq) = (&angles.positions, &angles.inv_freq);
         let half = head_dim / 2;
         for t in 0..x.rows {
             for h in 0..x.cols / head_dim {

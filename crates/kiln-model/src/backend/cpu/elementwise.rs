@@ -12,17 +12,15 @@ pub(crate) fn rms_norm_in_place(row: &mut [f32], w: &[f32], eps: f32, offset: f3
         .for_each(|(x, wi)| *x = *x * inv * (wi + offset));
 }
 
-/// Rotate-half RoPE on every `head_dim` slice of a row.
-pub(crate) fn rope_row(row: &mut [f32], head_dim: usize, pos: usize, inv_freq: &[f32]) {
+/// Rotate-half RoPE on every `head_dim` slice of a row, with the token's precomputed angles.
+pub(crate) fn rope_row(row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
     let half = head_dim / 2;
     for head in row.chunks_exact_mut(head_dim) {
-        for (i, &f) in inv_freq.iter().enumerate().take(half) {
-            let angle = pos as f32 * f;
-            let (sin, cos) = (angle as f64).sin_cos();
-            let (sin, cos) = (sin as f32, cos as f32);
-            let (a, b) = (head[i], head[i + half]);
-            head[i] = a * cos - b * sin;
-            head[i + half] = b * cos + a * sin;
+        let (a, b) = head.split_at_mut(half);
+        for i in 0..half.min(cos.len()) {
+            let (x, y) = (a[i], b[i]);
+            a[i] = x * cos[i] - y * sin[i];
+            b[i] = y * cos[i] + x * sin[i];
         }
     }
 }

@@ -12,7 +12,9 @@ use kiln_kernels::{GgmlType, QMatrix, QuantizedActivations};
 
 pub use kv::CpuKv;
 
-use super::{AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, OpProfile};
+use super::{
+    AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, OpProfile, RopeAngles,
+};
 use crate::ModelError;
 use crate::config::Activation;
 
@@ -237,11 +239,16 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn rope(&self, x: &mut HostAct, head_dim: usize, positions: &[usize], inv_freq: &[f32]) {
+    fn rope(&self, x: &mut HostAct, head_dim: usize, angles: &RopeAngles) {
         let _timer = Timer::new(&self.other_ns);
+        let half = angles.inv_freq.len();
         let cols = x.cols;
-        for (row, &pos) in x.data.chunks_exact_mut(cols).zip(positions) {
-            elementwise::rope_row(row, head_dim, pos, inv_freq);
+        for (t, row) in x.data.chunks_exact_mut(cols).enumerate() {
+            let (cos, sin) = (
+                &angles.cos[t * half..(t + 1) * half],
+                &angles.sin[t * half..(t + 1) * half],
+            );
+            elementwise::rope_row(row, head_dim, cos, sin);
         }
     }
 

@@ -1,0 +1,419 @@
+//! The memory model (spec §6.4, §6.6) for kiln's own kernels: KV bytes per token per scheme and
+//! layer, the prefill transient of the CPU backend, the runtime overhead, the memory the process
+//! may really use, and `fit` — what `kiln fit` prints and admission will bill.
+
+use std::path::Path;
+
+use kiln_model::config::{Architecture, LayerAttention, ModelConfig};
+
+use super::{KvLayerKind, KvModelShape, KvScheme, KvSchemeKind, LayerQuant};
+
+/// Whether the CPU store caps sliding-window layers at their window. It does not: `CpuKv`
+/// keeps every position of every layer (no ring buffer), so `fit` bills sliding layers for the
+/// whole context; the spec's capped formula is [`KvGeometry::bytes_at`] with `cap_sliding`.
+pub const CPU_KV_CAPS_SLIDING: bool = false;
+
+/// Process memory besides weights, KV and the prefill transient: code, the tokenizer, the
+/// thread pool, allocator slack. Measured once with the starter model (SmolLM2-135M Q4_1,
+/// 96,576,768 bytes of tensors): `kiln generate MODEL Hi --max-tokens 1 --ctx 4096` peaks at
+/// 224,392 KiB RSS, reached while loading (see [`load_peak_bytes`]); that peak minus twice the
+/// weights is 36.6 MB. Steady-state RSS during decode is lower (the file mapping is gone), so
+/// this is conservative there.
+pub const RUNTIME_OVERHEAD_BYTES: u64 = 36_600_000;
+
+/// Weight bytes a decoded token streams per second on the machine kiln was measured on (2
+/// shared cores: SmolLM2-135M Q4_1, 96.6 MB of tensors, decodes at ~66 tok/s ⇒ ~6.4 GB/s
+/// effective). Only an estimate for `kiln fit`'s predicted tok/s: real speed depends on the
+/// cores, their count and the memory system.
+pub const DECODE_BYTES_PER_SEC: f64 = 6.4e9;
+
+/// The prefill chunk kiln's engine uses (`EngineOptions::prefill_chunk`).
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
+/// Per-layer KV cost of one token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerKvBytes {
+    /// The layer's kind.
+    pub kind: KvLayerKind,
+    /// Sliding window, if any.
+    pub window: Option<usize>,
+    /// Bytes per token while the layer is dense (keys and values).
+    pub dense_per_token: u64,
+    /// Bytes per token once converted (equal to `dense_per_token` for a dense layer).
+    pub stored_per_token: u64,
+}
+
+/// The KV geometry of a model under a scheme: the seed's `kvGeometry`, per layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvGeometry {
+    /// One entry per layer.
+    pub layers: Vec<LayerKvBytes>,
+    /// Length at which the cache converts (0 for dense).
+    pub start: usize,
+    /// Whether sliding layers are capped at their window.
+    pub cap_sliding: bool,
+}
+
+/// Bytes per token of one layer's keys plus values stored affine (MLX convention): `bits/8`
+/// per element plus a 16-bit scale and a 16-bit bias per `group` elements (spec §6.4's
+/// `bits/8 + 4/groupSize`), rounded up to whole bytes per token.
+pub fn affine_bytes_per_token(kv_heads: usize, head_dim: usize, bits: u8, group: usize) -> u64 {
+    let (kvh, hd) = (kv_heads as u64, head_dim as u64);
+    let groups = hd.div_ceil(group as u64);
+    (2 * kvh * (hd * u64::from(bits) + groups * 32)).div_ceil(8)
+}
+
+impl KvGeometry {
+    /// The geometry of `cfg` under `scheme`; `cap_sliding` as the store does
+    /// ([`CPU_KV_CAPS_SLIDING`] for kiln's CPU store).
+    pub fn new(cfg: &ModelConfig, scheme: &KvScheme, cap_sliding: bool) -> Self {
+        let shape = KvModelShape::from_config(cfg);
+        let (kvh, hd) = (cfg.num_kv_heads, cfg.head_dim);
+        let dense = 2 * (kvh * hd) as u64 * scheme.options.dense.bytes();
+        let layers = (0..cfg.num_layers)
+            .map(|l| {
+                let stored = match scheme.layer_quant(l) {
+                    None => dense,
+                    Some(LayerQuant::Affine { bits, group_size }) => {
+                        affine_bytes_per_token(kvh, hd, bits, group_size)
+                    }
+                    // Spec §6.4: turbo is billed as bf16 until its storage exists and is measured.
+                    Some(LayerQuant::Turbo(_)) => 2 * (kvh * hd) as u64 * 2,
+                };
+                LayerKvBytes {
+                    kind: shape.layer_type(l),
+                    window: match cfg.layer_attention.get(l) {
+                        Some(LayerAttention::Sliding { window }) => Some(*window),
+                        _ => None,
+                    },
+                    dense_per_token: dense,
+                    stored_per_token: stored,
+                }
+            })
+            .collect();
+        let start = match scheme.kind {
+            KvSchemeKind::Dense => 0,
+            _ => scheme.effective_start(),
+        };
+        Self {
+            layers,
+            start,
+            cap_sliding,
+        }
+    }
+
+    /// KV bytes per token summed over layers, once converted (uncapped).
+    pub fn bytes_per_token(&self) -> u64 {
+        self.layers.iter().map(|l| l.stored_per_token).sum()
+    }
+
+    /// KV bytes per token summed over layers while dense.
+    pub fn dense_bytes_per_token(&self) -> u64 {
+        self.layers.iter().map(|l| l.dense_per_token).sum()
+    }
+
+    fn positions(&self, layer: &LayerKvBytes, t: usize) -> u64 {
+        match (layer.window, self.cap_sliding) {
+            (Some(w), true) => t.min(w) as u64,
+            _ => t as u64,
+        }
+    }
+
+    /// Bytes of a `t`-token cache, every layer in its converted form when `converted`
+    /// (the seed's `kvBytesAt`: sliding layers capped at the window when the store caps them).
+    pub fn bytes_at(&self, t: usize, converted: bool) -> u64 {
+        self.layers
+            .iter()
+            .map(|l| {
+                let per = if converted {
+                    l.stored_per_token
+                } else {
+                    l.dense_per_token
+                };
+                per * self.positions(l, t)
+            })
+            .sum()
+    }
+
+    /// The most KV bytes a sequence growing to `t` tokens holds at any moment, with the
+    /// conversion rule of spec §6.1: the cache stays dense until its length reaches the start
+    /// (and is never converted while empty, so the first prefill chunk is dense even at start
+    /// 0), then converts one layer at a time — the moment before the last layer's dense copy is
+    /// freed holds the whole dense cache plus one converted layer. The boundary is billed at
+    /// `start + chunk` tokens, the longest a chunk crossing it can make the dense cache.
+    pub fn peak_bytes_at(&self, t: usize, chunk: usize) -> u64 {
+        let quantized = self
+            .layers
+            .iter()
+            .any(|l| l.stored_per_token != l.dense_per_token);
+        if !quantized {
+            return self.bytes_at(t, false);
+        }
+        let boundary = if self.start == 0 {
+            chunk.max(1)
+        } else {
+            self.start.saturating_add(chunk)
+        }
+        .min(t);
+        let one_layer = self
+            .layers
+            .iter()
+            .map(|l| l.stored_per_token * self.positions(l, boundary))
+            .max()
+            .unwrap_or(0);
+        let converting = self.bytes_at(boundary, false) + one_layer;
+        if t < self.start {
+            self.bytes_at(t, false)
+        } else {
+            self.bytes_at(t, true).max(converting)
+        }
+    }
+}
+
+/// Bytes the CPU backend allocates besides weights and KV while prefilling a chunk of
+/// `min(chunk, ctx)` tokens — the term the seed's `sdpaFallbackBytes` plays for MLX. kiln's
+/// attention keeps no score matrix (an online softmax over the visible keys, one accumulator
+/// per head), so the transient is the chunk's activations, all f32 `[c × width]`, as
+/// `arch/decoder.rs::forward_layer` allocates them; each lives to the end of the layer:
+///
+/// - residual `x` and the attention norm's output: `2·hidden`;
+/// - `q` and the attention output: `2·q_width`; `k`, `v`: `2·kv_width`;
+/// - the output projection and the MLP norm's output: `2·hidden`;
+/// - `gate`, `up` and the GLU product: `3·intermediate`; `down`: `hidden`;
+/// - Gemma's sandwich norms produce one more `hidden` row while replacing `o`/`down`;
+/// - the attention kernel's query list (`16` bytes per token) and positions (`8`);
+/// - the matmul's reusable activation scratch, kept after the first prefill: for the widest
+///   input, bounded by all its formats at once (f32 copy 4, Q8_0 34/32, Q8_1 36/32, Q8_K
+///   292/256 bytes per element);
+/// - the previous step's logits row (`vocab` f32), kept by the engine while the next forward
+///   runs.
+///
+/// After the layers, the last row's norm, logits and their host copy (`3·vocab` with the
+/// engine's previous row) replace the layer temporaries; the larger of the two phases counts.
+///
+/// The attention kernel's per-worker softmax buffer (`backend/cpu/attention.rs`, thread-local
+/// `SCORES`: one row of visible keys per query head of a GQA group, kept between calls) adds
+/// `threads · (heads / kv_heads) · keys · 4`, keys being `ctx` (a sliding layer's window when
+/// every layer slides).
+pub fn prefill_transient_bytes(cfg: &ModelConfig, chunk: usize, ctx: usize, threads: usize) -> u64 {
+    let c = chunk.min(ctx).max(1) as u64;
+    let keys = cfg
+        .layer_attention
+        .iter()
+        .map(|a| match a {
+            LayerAttention::Full => ctx,
+            LayerAttention::Sliding { window } => ctx.min(*window),
+        })
+        .max()
+        .unwrap_or(ctx) as u64;
+    let group = (cfg.num_heads / cfg.num_kv_heads.max(1)) as u64;
+    let scores = threads.max(1) as u64 * group * keys * 4;
+    let (h, qw, kvw, inter) = (
+        cfg.hidden_size as u64,
+        cfg.q_width() as u64,
+        cfg.kv_width() as u64,
+        cfg.intermediate_size as u64,
+    );
+    let vocab = cfg.vocab_size as u64;
+    let sandwich = if cfg.arch == Architecture::Gemma3 {
+        h
+    } else {
+        0
+    };
+    let layer_floats = 5 * h + 2 * qw + 2 * kvw + 3 * inter + sandwich;
+    let widest = h.max(qw).max(inter);
+    let scratch = (c * widest * (1024 + 272 + 288 + 292)).div_ceil(256);
+    let in_layer = c * layer_floats * 4 + c * 24 + vocab * 4;
+    let after_layers = c * h * 4 + 2 * h * 4 + 3 * vocab * 4;
+    scratch + scores + in_layer.max(after_layers)
+}
+
+/// Peak RSS while loading: the file's pages stay mapped while each tensor is copied out, so
+/// both the mapping and the copy are resident until the mapping is dropped.
+pub fn load_peak_bytes(weight_bytes: u64) -> u64 {
+    2 * weight_bytes + RUNTIME_OVERHEAD_BYTES
+}
+
+/// What `fit` was asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FitParams {
+    /// Bytes of weight data (file headers: `TensorSource::total_tensor_bytes`).
+    pub weight_bytes: u64,
+    /// Context to evaluate.
+    pub ctx: usize,
+    /// Prefill chunk.
+    pub chunk: usize,
+    /// Memory the process may use.
+    pub budget_bytes: u64,
+    /// Kernel worker threads (each keeps its own attention score buffer).
+    pub threads: usize,
+}
+
+/// `fit`'s answer.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FitReport {
+    /// The scheme's cache key.
+    pub kv_scheme: String,
+    /// Weight bytes.
+    pub weights_bytes: u64,
+    /// KV bytes per token once converted, all layers.
+    pub kv_bytes_per_token: u64,
+    /// KV bytes per token while dense.
+    pub kv_dense_bytes_per_token: u64,
+    /// The context evaluated.
+    pub ctx: usize,
+    /// Peak KV bytes up to `ctx`.
+    pub kv_bytes: u64,
+    /// Prefill transient at `ctx`.
+    pub transient_bytes: u64,
+    /// [`RUNTIME_OVERHEAD_BYTES`].
+    pub runtime_overhead_bytes: u64,
+    /// Peak while loading.
+    pub load_peak_bytes: u64,
+    /// weights + KV + transient + overhead at `ctx`.
+    pub total_bytes: u64,
+    /// The larger of `total_bytes` and `load_peak_bytes`.
+    pub peak_bytes: u64,
+    /// The budget.
+    pub budget_bytes: u64,
+    /// `peak_bytes <= budget_bytes`.
+    pub fits: bool,
+    /// The longest context (at most the model's `max_position_embeddings`) that fits; 0 when
+    /// not even one token does.
+    pub max_safe_context: usize,
+    /// The model's trained context.
+    pub max_position_embeddings: usize,
+    /// Estimated decode speed at `ctx`: [`DECODE_BYTES_PER_SEC`] over the weight plus KV bytes
+    /// a token reads.
+    pub predicted_decode_tok_s: f64,
+}
+
+/// Evaluates a model of `cfg` under `scheme` at `p.ctx` and finds its longest safe context.
+pub fn fit(cfg: &ModelConfig, scheme: &KvScheme, p: FitParams) -> FitReport {
+    let geo = KvGeometry::new(cfg, scheme, CPU_KV_CAPS_SLIDING);
+    let total = |t: usize| -> u64 {
+        p.weight_bytes
+            + RUNTIME_OVERHEAD_BYTES
+            + geo.peak_bytes_at(t, p.chunk)
+            + prefill_transient_bytes(cfg, p.chunk, t, p.threads)
+    };
+    let load_peak = load_peak_bytes(p.weight_bytes);
+    let fits_at = |t: usize| total(t).max(load_peak) <= p.budget_bytes;
+    // `total` never decreases with `t`, so the largest fitting context is a binary search.
+    let (mut lo, mut hi) = (0usize, cfg.max_position_embeddings);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits_at(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let max_safe_context = if lo >= 1 && fits_at(lo) { lo } else { 0 };
+    let kv_bytes = geo.peak_bytes_at(p.ctx, p.chunk);
+    let total_bytes = total(p.ctx);
+    let peak_bytes = total_bytes.max(load_peak);
+    let read_per_token = p.weight_bytes + geo.bytes_at(p.ctx, true);
+    FitReport {
+        kv_scheme: scheme.cache_key(),
+        weights_bytes: p.weight_bytes,
+        kv_bytes_per_token: geo.bytes_per_token(),
+        kv_dense_bytes_per_token: geo.dense_bytes_per_token(),
+        ctx: p.ctx,
+        kv_bytes,
+        transient_bytes: prefill_transient_bytes(cfg, p.chunk, p.ctx, p.threads),
+        runtime_overhead_bytes: RUNTIME_OVERHEAD_BYTES,
+        load_peak_bytes: load_peak,
+        total_bytes,
+        peak_bytes,
+        budget_bytes: p.budget_bytes,
+        fits: peak_bytes <= p.budget_bytes,
+        max_safe_context,
+        max_position_embeddings: cfg.max_position_embeddings,
+        predicted_decode_tok_s: if read_per_token == 0 {
+            0.0
+        } else {
+            DECODE_BYTES_PER_SEC / read_per_token as f64
+        },
+    }
+}
+
+/// Where the default budget came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryBudget {
+    /// Bytes the process may still use: the smaller of the cgroup's room and `MemAvailable`.
+    pub bytes: u64,
+    /// `memory.max − memory.current` (cgroup v2) or `limit_in_bytes − usage_in_bytes` (v1),
+    /// when a limit is set.
+    pub cgroup_room: Option<u64>,
+    /// `MemAvailable` from `/proc/meminfo`.
+    pub mem_available: Option<u64>,
+}
+
+/// The memory this process may really use on Linux — not total RAM: the room left under its
+/// cgroup's limit and the kernel's `MemAvailable`, whichever is smaller. `None` when neither
+/// can be read (not Linux).
+pub fn default_memory_budget() -> Option<MemoryBudget> {
+    let mem_available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| parse_mem_available(&t));
+    let cgroup_room = cgroup_room();
+    let bytes = match (cgroup_room, mem_available) {
+        (Some(a), Some(b)) => a.min(b),
+        (Some(a), None) | (None, Some(a)) => a,
+        (None, None) => return None,
+    };
+    Some(MemoryBudget {
+        bytes,
+        cgroup_room,
+        mem_available,
+    })
+}
+
+fn read(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
+
+fn cgroup_room() -> Option<u64> {
+    let root = Path::new("/sys/fs/cgroup");
+    // cgroup v2: this process's group from /proc/self/cgroup ("0::/path"), else the mount root
+    // (what a container sees as its own group).
+    let own = read(Path::new("/proc/self/cgroup")).and_then(|t| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .map(|p| root.join(p.trim_start_matches('/')))
+    });
+    for dir in own.into_iter().chain([root.to_path_buf()]) {
+        if let Some(limit) = read(&dir.join("memory.max")).and_then(|t| parse_cgroup_limit(&t)) {
+            let used = read(&dir.join("memory.current"))
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            return Some(limit.saturating_sub(used));
+        }
+    }
+    let v1 = root.join("memory");
+    let limit = read(&v1.join("memory.limit_in_bytes")).and_then(|t| parse_cgroup_limit(&t))?;
+    let used = read(&v1.join("memory.usage_in_bytes"))
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    Some(limit.saturating_sub(used))
+}
+
+/// A cgroup limit file's value: `None` for no limit (`max` in v2, or v1's near-`i64::MAX`
+/// page-rounded sentinel).
+pub fn parse_cgroup_limit(text: &str) -> Option<u64> {
+    let t = text.trim();
+    if t == "max" {
+        return None;
+    }
+    t.parse::<u64>().ok().filter(|&v| v < (1u64 << 60))
+}
+
+/// `MemAvailable` from the text of `/proc/meminfo`, in bytes.
+pub fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    meminfo.lines().find_map(|l| {
+        let rest = l.strip_prefix("MemAvailable:")?;
+        let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+        kb.checked_mul(1024)
+    })
+}
