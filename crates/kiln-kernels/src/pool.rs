@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 /// How long an idle worker spins before parking.
 const SPIN: Duration = Duration::from_micros(200);
+/// Spin iterations between `yield_now` calls (a few microseconds), so spinning never starves
+/// other runnable threads on an oversubscribed machine.
+const YIELD_EVERY: u32 = 256;
 
 /// The task function of one job, with its lifetime erased (see `Pool::run` for why that holds).
 struct Job {
@@ -120,7 +123,15 @@ impl Pool {
             self.shared.wake.notify_all();
         }
         job.work();
+        let mut spins = 0u32;
         while job.remaining.load(Ordering::Acquire) > 0 {
+            spins = spins.wrapping_add(1);
+            // A worker still busy here may have been preempted by another process (the HTTP
+            // thread, a client on the same cores): giving up the core now and then lets it
+            // finish instead of spinning against it.
+            if spins.is_multiple_of(YIELD_EVERY) {
+                std::thread::yield_now();
+            }
             std::hint::spin_loop();
         }
         *lock(&self.shared.current) = None;
@@ -160,6 +171,9 @@ fn worker_loop(shared: &Shared) {
                 break;
             }
             spins += 1;
+            if spins.is_multiple_of(YIELD_EVERY) {
+                std::thread::yield_now();
+            }
             if spins.is_multiple_of(64) && started.elapsed() > SPIN {
                 let mut slot = lock(&shared.current);
                 shared.sleepers.fetch_add(1, Ordering::AcqRel);
