@@ -181,7 +181,7 @@ impl<B: Backend> Engine<B> {
 
     /// Logits for every position of `tokens`, computed from an empty cache (evaluation).
     pub fn logits_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
-        self.check_fits(tokens.len(), 0)?;
+        self.check_fits(tokens.len())?;
         self.reset();
         let mut out = Vec::with_capacity(tokens.len() * self.model.config.vocab_size);
         for (i, chunk) in tokens.chunks(self.options.prefill_chunk).enumerate() {
@@ -199,7 +199,7 @@ impl<B: Backend> Engine<B> {
         Ok(out)
     }
 
-    fn check_fits(&self, prompt: usize, max_tokens: usize) -> Result<(), EngineError> {
+    fn check_fits(&self, prompt: usize) -> Result<(), EngineError> {
         if prompt == 0 {
             return Err(EngineError::Request("the prompt is empty".into()));
         }
@@ -209,7 +209,6 @@ impl<B: Backend> Engine<B> {
                 self.options.context_len
             )));
         }
-        let _ = max_tokens;
         Ok(())
     }
 
@@ -253,7 +252,7 @@ impl<B: Backend> Engine<B> {
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<GenerateOutput, EngineError> {
         let started = Instant::now();
-        self.check_fits(req.prompt.len(), req.max_tokens)?;
+        self.check_fits(req.prompt.len())?;
         let vocab = self.model.config.vocab_size;
         req.sampling.validate_for_vocab(vocab)?;
         let mut xtc_special = self.model.eos_ids.clone();

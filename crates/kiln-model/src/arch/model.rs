@@ -93,16 +93,15 @@ impl<B: Backend> Model<B> {
         }
         let positions = batch.positions();
         let rope_global = RopeAngles::new(&positions, &self.inv_freq_global);
-        let rope_local = if self.inv_freq_local == self.inv_freq_global {
-            rope_global.clone()
-        } else {
-            RopeAngles::new(&positions, &self.inv_freq_local)
-        };
+        // Most models use one frequency set; only compute a second table when they differ.
+        let rope_local_own = (self.inv_freq_local != self.inv_freq_global)
+            .then(|| RopeAngles::new(&positions, &self.inv_freq_local));
+        let rope_local = rope_local_own.as_ref().unwrap_or(&rope_global);
         let ctx = ForwardCtx {
             cfg: &self.config,
             batch,
             rope_global: &rope_global,
-            rope_local: &rope_local,
+            rope_local,
         };
         let mut x = b.embed(&self.embed, tokens, self.config.embedding_scale)?;
         for (i, layer) in self.layers.iter().enumerate() {
