@@ -39,6 +39,9 @@ fn matmul_equals_rowwise_dot() {
     check_matmul(GgmlType::Q5_1, 70, 64, 2, 6);
     check_matmul(GgmlType::Q4_K, 100, 512, 3, 7);
     check_matmul(GgmlType::Q6_K, 100, 256, 2, 8);
+    check_matmul(GgmlType::Q5_K, 70, 768, 3, 16);
+    check_matmul(GgmlType::Q3_K, 70, 512, 2, 17);
+    check_matmul(GgmlType::Q2_K, 70, 512, 2, 18);
     check_matmul(GgmlType::F16, 129, 40, 3, 9);
     check_matmul(GgmlType::F32, 129, 40, 3, 10);
     check_matmul(GgmlType::BF16, 3, 40, 1, 11);

@@ -1,8 +1,8 @@
 //! Dot products between one weight row and one activation row, with per-level dispatch.
 //!
-//! SIMD coverage: AVX2 for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F32, F16, BF16; AVX-512 VNNI for
-//! Q4_1 and Q8_0 (other types at the AVX-512 level use their AVX2 kernel). The K-quants
-//! (Q2_K..Q6_K) are scalar-only for now on every level.
+//! SIMD coverage: AVX2 for every type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, F32, F16,
+//! BF16); AVX-512 VNNI for Q4_1, Q8_0, Q4_K, Q5_K and Q6_K (other types at the AVX-512 level
+//! use their AVX2 kernel).
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
@@ -99,6 +99,9 @@ fn dot_x86(level: CpuLevel, ty: GgmlType, w: &[u8], act: ActRow<'_>) -> Option<f
             match (ty, act) {
                 (T::Q4_1, A::Q8_1(a)) => return Some(avx512::q4_1_q8_1(w.as_chunks().0, a)),
                 (T::Q8_0, A::Q8_0(a)) => return Some(avx512::q8_0_q8_0(w.as_chunks().0, a)),
+                (T::Q4_K, A::Q8K(a)) => return Some(avx512::q4_k_q8_k(w.as_chunks().0, a)),
+                (T::Q5_K, A::Q8K(a)) => return Some(avx512::q5_k_q8_k(w.as_chunks().0, a)),
+                (T::Q6_K, A::Q8K(a)) => return Some(avx512::q6_k_q8_k(w.as_chunks().0, a)),
                 _ => {}
             }
         }
@@ -111,6 +114,11 @@ fn dot_x86(level: CpuLevel, ty: GgmlType, w: &[u8], act: ActRow<'_>) -> Option<f
             (T::Q8_0, A::Q8_0(a)) => avx2::q8_0_q8_0(w.as_chunks().0, a),
             (T::Q4_1, A::Q8_1(a)) => avx2::q4_1_q8_1(w.as_chunks().0, a),
             (T::Q5_1, A::Q8_1(a)) => avx2::q5_1_q8_1(w.as_chunks().0, a),
+            (T::Q2_K, A::Q8K(a)) => avx2::q2_k_q8_k(w.as_chunks().0, a),
+            (T::Q3_K, A::Q8K(a)) => avx2::q3_k_q8_k(w.as_chunks().0, a),
+            (T::Q4_K, A::Q8K(a)) => avx2::q4_k_q8_k(w.as_chunks().0, a),
+            (T::Q5_K, A::Q8K(a)) => avx2::q5_k_q8_k(w.as_chunks().0, a),
+            (T::Q6_K, A::Q8K(a)) => avx2::q6_k_q8_k(w.as_chunks().0, a),
             _ => return None,
         })
     }

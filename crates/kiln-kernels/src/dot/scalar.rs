@@ -96,7 +96,7 @@ fn group16_dots(q: &[i8; 256], y: &[i8; 256]) -> [i32; 16] {
     out
 }
 
-/// Q2_K weights × Q8_K activations (scalar only; no SIMD path yet).
+/// Q2_K weights × Q8_K activations.
 pub fn q2_k_q8_k(w: &[[u8; Q2_K_BYTES]], a: &[BlockQ8K]) -> f32 {
     let mut sumf = 0.0f32;
     for (b, y) in w.iter().zip(a) {
@@ -124,7 +124,7 @@ pub fn q2_k_q8_k(w: &[[u8; Q2_K_BYTES]], a: &[BlockQ8K]) -> f32 {
     sumf
 }
 
-/// Q3_K weights × Q8_K activations (scalar only; no SIMD path yet).
+/// Q3_K weights × Q8_K activations.
 pub fn q3_k_q8_k(w: &[[u8; Q3_K_BYTES]], a: &[BlockQ8K]) -> f32 {
     let mut sumf = 0.0f32;
     for (b, y) in w.iter().zip(a) {
@@ -163,7 +163,7 @@ fn k4_combine(q: &[i8; 256], b_scales: &[u8], d: f32, dmin: f32, y: &BlockQ8K) -
     (d * y.d) * isum as f32 - (dmin * y.d) * summs as f32
 }
 
-/// Q4_K weights × Q8_K activations (scalar only; no SIMD path yet).
+/// Q4_K weights × Q8_K activations.
 pub fn q4_k_q8_k(w: &[[u8; Q4_K_BYTES]], a: &[BlockQ8K]) -> f32 {
     let mut sumf = 0.0f32;
     for (b, y) in w.iter().zip(a) {
@@ -180,7 +180,7 @@ pub fn q4_k_q8_k(w: &[[u8; Q4_K_BYTES]], a: &[BlockQ8K]) -> f32 {
     sumf
 }
 
-/// Q5_K weights × Q8_K activations (scalar only; no SIMD path yet).
+/// Q5_K weights × Q8_K activations.
 pub fn q5_k_q8_k(w: &[[u8; Q5_K_BYTES]], a: &[BlockQ8K]) -> f32 {
     let mut sumf = 0.0f32;
     for (b, y) in w.iter().zip(a) {
@@ -200,7 +200,7 @@ pub fn q5_k_q8_k(w: &[[u8; Q5_K_BYTES]], a: &[BlockQ8K]) -> f32 {
     sumf
 }
 
-/// Q6_K weights × Q8_K activations (scalar only; no SIMD path yet).
+/// Q6_K weights × Q8_K activations.
 pub fn q6_k_q8_k(w: &[[u8; Q6_K_BYTES]], a: &[BlockQ8K]) -> f32 {
     let mut sumf = 0.0f32;
     for (b, y) in w.iter().zip(a) {

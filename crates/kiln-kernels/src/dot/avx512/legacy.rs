@@ -1,12 +1,10 @@
-//! AVX-512 (F/BW/VL + VNNI) dot products for the two formats that dominate the test model:
-//! Q4_1 × Q8_1 and Q8_0 × Q8_0. Two 32-element blocks go through one 512-bit `vpdpbusd`
-//! (u8 × i8 → i32, no intermediate i16 saturation); the per-block scales are applied as a
-//! lane-blended scale vector with FMA. An odd trailing block uses the AVX2 kernel.
-//!
-//! Safety: every function requires [`crate::CpuLevel::Avx512`] (which includes the AVX2 set).
+//! AVX-512 VNNI kernels for Q4_1 × Q8_1 and Q8_0 × Q8_0. Two 32-element blocks go through
+//! one 512-bit `vpdpbusd` (u8 × i8 → i32, no intermediate i16 saturation); the per-block
+//! scales are applied as a lane-blended scale vector with FMA. An odd trailing block uses the
+//! AVX2 kernel.
 
-use super::avx2::{self, f16c, f16c_at};
 use crate::blocks::*;
+use crate::dot::avx2::{self, f16c, f16c_at};
 use std::arch::x86_64::*;
 
 #[inline]
