@@ -40,6 +40,10 @@ pub enum KernelError {
         /// The type.
         ty: GgmlType,
     },
+    /// A codec parameter chosen by the caller (bit width, group size, dimension) is outside
+    /// the supported set.
+    #[error("unsupported parameter: {0}")]
+    UnsupportedParam(String),
     /// The activations were quantized for a different weight type than the one used.
     #[error("activations quantized as {have:?} but weight type {weight} needs {need:?}")]
     ActivationMismatch {

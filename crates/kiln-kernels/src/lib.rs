@@ -4,6 +4,8 @@
 //! Numerics follow ggml: dequantization is bit-exact with ggml's reference, activation
 //! quantization produces ggml's integer codes, and dot products pair weights with the same
 //! activation formats as llama.cpp (Q8_0 / Q8_1 / Q8_K).
+//!
+//! [`kvquant`] holds the row codecs of the quantized KV cache (affine and TurboQuant).
 
 pub mod blocks;
 pub mod dequant;
@@ -11,6 +13,7 @@ mod dequant_k;
 pub mod dot;
 pub mod error;
 pub mod exact;
+pub mod kvquant;
 pub mod level;
 pub mod matmul;
 pub mod pool;
