@@ -16,6 +16,9 @@ pub struct BenchConfig {
     pub gen_tokens: usize,
     /// Repetitions of each test (after one warm-up).
     pub repetitions: usize,
+    /// Positions filled before each test (llama-bench's `-d`), so decode is measured against a
+    /// cache of that length in the engine's KV scheme.
+    pub depth: usize,
 }
 
 /// Results of one test over its repetitions.
@@ -85,15 +88,31 @@ impl<B: Backend> Engine<B> {
     /// Runs the configured tests and returns one result per test.
     pub fn bench(&mut self, cfg: &BenchConfig) -> Result<Vec<BenchResult>, EngineError> {
         let mut results = vec![];
-        if cfg.prompt_tokens + cfg.gen_tokens > self.options().context_len {
+        let need = cfg.depth + cfg.prompt_tokens.max(cfg.gen_tokens);
+        if need > self.options().context_len {
             return Err(EngineError::Request(format!(
-                "pp{} + tg{} does not fit the {}-token context",
+                "depth {} + pp{} / tg{} does not fit the {}-token context",
+                cfg.depth,
                 cfg.prompt_tokens,
                 cfg.gen_tokens,
                 self.options().context_len
             )));
         }
         let vocab = self.model().config.vocab_size;
+        let suffix = if cfg.depth > 0 {
+            format!(" @ d{}", cfg.depth)
+        } else {
+            String::new()
+        };
+        // The depth is filled once (it converts a quantized cache); each repetition cuts the
+        // cache back to it.
+        let fill = prompt_ids(cfg.depth + 1, vocab)[1..].to_vec();
+        self.reset();
+        let chunk = self.options().prefill_chunk;
+        for (i, part) in fill.chunks(chunk).enumerate() {
+            self.forward_raw(part, &BatchLayout::single(0, i * chunk, part.len()))?;
+        }
+        let depth = cfg.depth;
         if cfg.prompt_tokens > 0 {
             let ids = prompt_ids(cfg.prompt_tokens, vocab);
             let mut samples = vec![];
@@ -101,16 +120,16 @@ impl<B: Backend> Engine<B> {
                 if rep == 1 {
                     self.backend().take_profile();
                 }
-                self.reset();
+                self.truncate_cache(depth);
                 let t = Instant::now();
-                let batch = BatchLayout::single(0, 0, ids.len());
+                let batch = BatchLayout::single(0, depth, ids.len());
                 self.forward_raw(&ids, &batch)?;
                 if rep > 0 {
                     samples.push(ids.len() as f64 / t.elapsed().as_secs_f64());
                 }
             }
             results.push(summarize(
-                format!("pp{}", cfg.prompt_tokens),
+                format!("pp{}{suffix}", cfg.prompt_tokens),
                 samples,
                 self.backend().take_profile(),
             ));
@@ -121,10 +140,10 @@ impl<B: Backend> Engine<B> {
                 if rep == 1 {
                     self.backend().take_profile();
                 }
-                self.reset();
+                self.truncate_cache(depth);
                 let mut token = prompt_ids(1, vocab)[0];
                 let t = Instant::now();
-                for pos in 0..cfg.gen_tokens {
+                for pos in depth..depth + cfg.gen_tokens {
                     let logits = self.forward_raw(&[token], &BatchLayout::single(0, pos, 1))?;
                     token = argmax(&logits);
                 }
@@ -133,7 +152,7 @@ impl<B: Backend> Engine<B> {
                 }
             }
             results.push(summarize(
-                format!("tg{}", cfg.gen_tokens),
+                format!("tg{}{suffix}", cfg.gen_tokens),
                 samples,
                 self.backend().take_profile(),
             ));

@@ -4,10 +4,11 @@
 use std::time::Instant;
 
 use kiln_model::arch::LogitsWanted;
-use kiln_model::backend::{Backend, BatchLayout, KvLayout, KvStore};
+use kiln_model::backend::{Backend, BatchLayout, KvLayerState, KvLayout, KvStore};
 
 use crate::EngineError;
 use crate::detok::IncrementalDecoder;
+use crate::kv_scheme::{DenseDtype, KvModelShape, KvScheme};
 use crate::load::LoadedModel;
 use crate::prompt_cache::{PromptCache, PromptCacheStats};
 use crate::sampler::{Sampler, SamplingParams};
@@ -15,12 +16,14 @@ use crate::stats::{GenerationStats, peak_rss_bytes, per_sec};
 use crate::stop::StopMatcher;
 
 /// Engine-wide settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineOptions {
     /// Positions the KV cache holds (prompt + generated).
     pub context_len: usize,
     /// Prompt tokens computed per forward during prefill.
     pub prefill_chunk: usize,
+    /// How the KV cache is stored.
+    pub kv_scheme: KvScheme,
 }
 
 impl Default for EngineOptions {
@@ -28,8 +31,32 @@ impl Default for EngineOptions {
         Self {
             context_len: 4096,
             prefill_chunk: 512,
+            kv_scheme: KvScheme::dense(DenseDtype::F32),
         }
     }
+}
+
+/// The KV cache as `/stats` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct KvReport {
+    /// The scheme's cache key (`f32`, `kv4`, `turbo-k8v3`…).
+    pub scheme: String,
+    /// Its label (`uniform-kv4`…).
+    pub label: String,
+    /// Length at which a sequence converts (0 for dense).
+    pub start: usize,
+    /// Per layer: what it converts to (`affine4-g64`, `turbo-k8v3`) or its dense storage.
+    pub layers: Vec<String>,
+    /// Per layer: what the current sequence holds now.
+    pub current: Vec<String>,
+    /// Layer conversions since the engine started.
+    pub conversions: u64,
+    /// Positions the current sequence holds.
+    pub positions: usize,
+    /// Bytes those positions take.
+    pub bytes: usize,
+    /// Bytes reserved for the cache (committed only as written).
+    pub reserved_bytes: usize,
 }
 
 /// One generation request, already tokenized.
@@ -112,8 +139,15 @@ impl<B: Backend> Engine<B> {
             ));
         }
         let cfg = &model.config;
+        let shape = KvModelShape::from_config(cfg);
+        options
+            .kv_scheme
+            .check_model(&shape, cfg.head_dim)
+            .map_err(|e| {
+                EngineError::Request(format!("KV scheme {}: {e}", options.kv_scheme.cache_key()))
+            })?;
         let layout = KvLayout::for_model(cfg, 1, options.context_len);
-        let kv = backend.new_kv(layout)?;
+        let kv = backend.new_kv_planned(layout, &options.kv_scheme.plan(&shape))?;
         Ok(Self {
             backend,
             model,
@@ -135,8 +169,70 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Engine settings.
-    pub fn options(&self) -> EngineOptions {
-        self.options
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// Replaces the KV cache with an empty one under `scheme` (saved prompts are dropped: they
+    /// hold the old scheme's data).
+    pub fn set_kv_scheme(&mut self, scheme: KvScheme) -> Result<(), EngineError> {
+        let cfg = &self.model.config;
+        let shape = KvModelShape::from_config(cfg);
+        scheme
+            .check_model(&shape, cfg.head_dim)
+            .map_err(|e| EngineError::Request(format!("KV scheme {}: {e}", scheme.cache_key())))?;
+        let layout = KvLayout::for_model(cfg, 1, self.options.context_len);
+        self.kv = self.backend.new_kv_planned(layout, &scheme.plan(&shape))?;
+        self.options.kv_scheme = scheme;
+        self.slot_tokens.clear();
+        if let Some(cache) = &self.prompt_cache {
+            self.prompt_cache = Some(PromptCache::new(cache.stats().max_bytes));
+        }
+        Ok(())
+    }
+
+    /// The KV store.
+    pub fn kv(&self) -> &B::Kv {
+        &self.kv
+    }
+
+    /// The KV cache's scheme, per-layer formats and current contents.
+    pub fn kv_report(&self) -> KvReport {
+        let scheme = &self.options.kv_scheme;
+        let plan = scheme.plan(&KvModelShape::from_config(&self.model.config));
+        KvReport {
+            scheme: scheme.cache_key(),
+            label: scheme.label(),
+            start: plan.start,
+            layers: plan
+                .quantized
+                .iter()
+                .map(|q| match q {
+                    Some(f) => KvLayerState::Quantized(*f).name(),
+                    None => KvLayerState::Dense(plan.dense).name(),
+                })
+                .collect(),
+            current: self.kv.layer_states(0).iter().map(|s| s.name()).collect(),
+            conversions: self.kv.conversions(),
+            positions: self.kv.seq_len(0),
+            bytes: self.kv.slot_bytes(0),
+            reserved_bytes: self.kv.allocated_bytes(),
+        }
+    }
+
+    /// One forward of slot 0, then the conversion of every layer the scheme says is due.
+    fn step(
+        &mut self,
+        tokens: &[u32],
+        batch: &BatchLayout,
+        want: LogitsWanted,
+    ) -> Result<Vec<f32>, EngineError> {
+        let logits = self
+            .model
+            .model
+            .forward(&self.backend, &mut self.kv, tokens, batch, want)?;
+        self.kv.convert_due(0)?;
+        Ok(logits)
     }
 
     /// Positions of slot 0's KV that hold the previous request's tokens (prompt cache).
@@ -162,6 +258,13 @@ impl<B: Backend> Engine<B> {
         self.kv.set_seq_len(0, 0);
     }
 
+    /// Cuts slot 0 back to its first `len` positions (benchmarks); converted layers stay
+    /// converted, as they do when a prompt reuses a prefix.
+    pub fn truncate_cache(&mut self, len: usize) {
+        self.slot_tokens.truncate(len);
+        self.kv.set_seq_len(0, len.min(self.kv.seq_len(0)));
+    }
+
     /// One forward of slot 0 returning the last position's logits, without prompt bookkeeping
     /// (benchmarks); call [`Engine::reset`] before reusing the engine for generation.
     pub fn forward_raw(
@@ -170,30 +273,31 @@ impl<B: Backend> Engine<B> {
         batch: &BatchLayout,
     ) -> Result<Vec<f32>, EngineError> {
         self.slot_tokens.clear();
-        Ok(self.model.model.forward(
-            &self.backend,
-            &mut self.kv,
-            tokens,
-            batch,
-            LogitsWanted::LastOfEach,
-        )?)
+        self.step(tokens, batch, LogitsWanted::LastOfEach)
     }
 
-    /// Logits for every position of `tokens`, computed from an empty cache (evaluation).
+    /// Logits for every position of `tokens`, computed from an empty cache (evaluation) in
+    /// forwards of the engine's prefill chunk.
     pub fn logits_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        self.logits_all_chunked(tokens, self.options.prefill_chunk)
+    }
+
+    /// [`Engine::logits_all`] in forwards of `chunk` tokens (teacher forcing: with a quantized
+    /// cache, every chunk after the first attends over converted layers).
+    pub fn logits_all_chunked(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+    ) -> Result<Vec<f32>, EngineError> {
         self.check_fits(tokens.len())?;
+        if chunk == 0 {
+            return Err(EngineError::Request("the chunk must be positive".into()));
+        }
         self.reset();
         let mut out = Vec::with_capacity(tokens.len() * self.model.config.vocab_size);
-        for (i, chunk) in tokens.chunks(self.options.prefill_chunk).enumerate() {
-            let start = i * self.options.prefill_chunk;
-            let batch = BatchLayout::single(0, start, chunk.len());
-            out.extend(self.model.model.forward(
-                &self.backend,
-                &mut self.kv,
-                chunk,
-                &batch,
-                LogitsWanted::All,
-            )?);
+        for (i, part) in tokens.chunks(chunk).enumerate() {
+            let batch = BatchLayout::single(0, i * chunk, part.len());
+            out.extend(self.step(part, &batch, LogitsWanted::All)?);
         }
         self.slot_tokens = tokens.to_vec();
         Ok(out)
@@ -231,13 +335,7 @@ impl<B: Backend> Engine<B> {
         let mut pos = common;
         for chunk in prompt[common..].chunks(self.options.prefill_chunk) {
             let batch = BatchLayout::single(0, pos, chunk.len());
-            logits = self.model.model.forward(
-                &self.backend,
-                &mut self.kv,
-                chunk,
-                &batch,
-                LogitsWanted::LastOfEach,
-            )?;
+            logits = self.step(chunk, &batch, LogitsWanted::LastOfEach)?;
             pos += chunk.len();
             self.slot_tokens.extend_from_slice(chunk);
         }
@@ -315,9 +413,7 @@ impl<B: Backend> Engine<B> {
                 break;
             }
             let pos = self.slot_tokens.len();
-            logits = self.model.model.forward(
-                &self.backend,
-                &mut self.kv,
+            logits = self.step(
                 &[picked.id],
                 &BatchLayout::single(0, pos, 1),
                 LogitsWanted::LastOfEach,

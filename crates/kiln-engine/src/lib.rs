@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod detok;
 pub mod error;
+pub mod eval;
 pub mod generate;
 pub mod kv_scheme;
 pub mod load;
@@ -15,5 +16,7 @@ pub mod stats;
 pub mod stop;
 
 pub use error::EngineError;
-pub use generate::{Engine, EngineOptions, FinishReason, GenerateOutput, GenerateRequest};
+pub use generate::{
+    Engine, EngineOptions, FinishReason, GenerateOutput, GenerateRequest, KvReport,
+};
 pub use load::{LoadedModel, load_model};

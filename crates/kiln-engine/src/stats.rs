@@ -30,6 +30,13 @@ pub fn peak_rss_bytes() -> u64 {
     proc_status_kib("VmHWM:").map_or(0, |k| k * 1024)
 }
 
+/// Restarts the peak-RSS count from the current resident size (Linux `clear_refs` 5), so a
+/// later [`peak_rss_bytes`] measures generation rather than loading, whose file mapping peaks
+/// higher. Returns false where the kernel does not allow it.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
 /// Current resident set size of this process in bytes.
 pub fn current_rss_bytes() -> u64 {
     proc_status_kib("VmRSS:").map_or(0, |k| k * 1024)

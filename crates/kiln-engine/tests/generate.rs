@@ -25,6 +25,7 @@ fn engine(dense: bool) -> Engine<CpuBackend> {
         EngineOptions {
             context_len: 512,
             prefill_chunk: 16,
+            ..EngineOptions::default()
         },
     )
     .expect("engine")

@@ -12,6 +12,7 @@ fn engine() -> Engine<CpuBackend> {
     let options = EngineOptions {
         context_len: 256,
         prefill_chunk: 32,
+        ..EngineOptions::default()
     };
     Engine::new(backend, model, options).expect("engine")
 }

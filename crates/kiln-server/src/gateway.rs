@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use kiln_engine::prompt_cache::PromptCacheStats;
-use kiln_engine::{Engine, EngineError, GenerateOutput, GenerateRequest};
+use kiln_engine::{Engine, EngineError, GenerateOutput, GenerateRequest, KvReport};
 use kiln_model::backend::Backend;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
@@ -28,6 +28,10 @@ pub trait Generator: Send + 'static {
     fn reset(&mut self);
     /// Prompt-cache counters, when there is a cache.
     fn cache_stats(&self) -> Option<PromptCacheStats> {
+        None
+    }
+    /// The KV cache's scheme and per-layer state, when there is a real cache.
+    fn kv_report(&self) -> Option<KvReport> {
         None
     }
 }
@@ -54,6 +58,10 @@ where
 
     fn cache_stats(&self) -> Option<PromptCacheStats> {
         self.prompt_cache_stats()
+    }
+
+    fn kv_report(&self) -> Option<KvReport> {
+        Some(Engine::kv_report(self))
     }
 }
 
@@ -114,6 +122,8 @@ pub struct GatewayMetrics {
     pub cache_bytes: AtomicUsize,
     /// Entries evicted to stay under the cap.
     pub cache_evictions: AtomicU64,
+    /// The KV cache after the last request (scheme, per-layer formats, conversions).
+    pub kv_report: Mutex<Option<KvReport>>,
 }
 
 struct Job {
@@ -224,6 +234,7 @@ fn engine_loop<G: Generator>(
     reuse_prefix: bool,
     admission: Option<&dyn Admission>,
 ) {
+    publish_kv(m, &generator);
     while let Ok(job) = rx.recv() {
         m.waiting.fetch_sub(1, Ordering::SeqCst);
         if job.events.is_closed() {
@@ -268,8 +279,15 @@ fn engine_loop<G: Generator>(
             m.cache_bytes.store(c.bytes, Ordering::Relaxed);
             m.cache_evictions.store(c.evictions, Ordering::Relaxed);
         }
+        publish_kv(m, &generator);
         m.running.store(0, Ordering::SeqCst);
         let _ = job.events.send(event);
+    }
+}
+
+fn publish_kv<G: Generator>(m: &GatewayMetrics, generator: &G) {
+    if let Ok(mut slot) = m.kv_report.lock() {
+        *slot = generator.kv_report();
     }
 }
 

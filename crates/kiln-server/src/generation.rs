@@ -50,16 +50,38 @@ pub fn plan_max_tokens(
         .with_code("context_length_exceeded"));
     }
     let room = ctx - prompt_len;
-    match requested {
-        Some(0) => Err(ApiError::bad_request(format!("{field} must be at least 1"))),
-        Some(n) if n > room as u64 => Err(ApiError::bad_request(format!(
-            "request needs {} tokens of context (prompt {prompt_len} + {field} {n}) but the context holds {ctx} — shorten the prompt or lower {field}",
-            prompt_len as u64 + n
+    let n = match requested {
+        Some(0) => return Err(ApiError::bad_request(format!("{field} must be at least 1"))),
+        Some(n) if n > room as u64 => {
+            return Err(ApiError::bad_request(format!(
+                "request needs {} tokens of context (prompt {prompt_len} + {field} {n}) but the context holds {ctx} — shorten the prompt or lower {field}",
+                prompt_len as u64 + n
+            ))
+            .with_code("context_length_exceeded"));
+        }
+        Some(n) => n as usize,
+        None => state.config.max_tokens.unwrap_or(default).clamp(1, room),
+    };
+    let Some(memory) = &state.info.memory else {
+        return Ok(n);
+    };
+    // A default max_tokens shrinks to the room the memory budget leaves, as it does to the
+    // context's; an explicit one that does not fit is refused.
+    let safe = memory.fit.max_safe_context;
+    let n = if requested.is_none() {
+        n.min(safe.saturating_sub(prompt_len)).max(1)
+    } else {
+        n
+    };
+    if prompt_len + n > safe {
+        return Err(ApiError::bad_request(format!(
+            "request needs {} tokens of context (prompt {prompt_len} + {field} {n}) but the memory budget caps safe context at {safe} — shorten the prompt or lower {field}",
+            prompt_len + n
         ))
-        .with_code("context_length_exceeded")),
-        Some(n) => Ok(n as usize),
-        None => Ok(state.config.max_tokens.unwrap_or(default).clamp(1, room)),
+        .with_kind("memory_admission")
+        .with_code("context_over_budget"));
     }
+    Ok(n)
 }
 
 /// Runs CPU-heavy request preparation (template rendering, tokenizing up to a body-limit's

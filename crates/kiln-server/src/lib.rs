@@ -25,7 +25,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 pub use gateway::{Admission, Gateway, Generator};
-pub use state::{AppState, ModelInfo, ServerConfig, SharedState, StatsHook};
+pub use state::{AppState, MemoryAdmission, ModelInfo, ServerConfig, SharedState, StatsHook};
 
 /// What other subsystems add to the server: routes (the jobs API and page), `/stats`
 /// sections, and a note for generation responses (why a generation may wait).

@@ -36,6 +36,19 @@ pub struct ModelInfo {
     pub load_secs: f64,
     /// Architecture name.
     pub arch: String,
+    /// The memory model's verdict, computed once at startup: requests whose prompt plus
+    /// `max_tokens` exceed its safe context are refused before any compute.
+    pub memory: Option<MemoryAdmission>,
+}
+
+/// Memory admission (spec §6.7): what `kiln fit` says about the served model under its budget.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MemoryAdmission {
+    /// Where the budget came from (`--memory-budget`, or the process's room).
+    pub budget_source: String,
+    /// The fit at the served context.
+    #[serde(flatten)]
+    pub fit: kiln_engine::kv_scheme::memory::FitReport,
 }
 
 impl ModelInfo {
@@ -50,10 +63,16 @@ impl ModelInfo {
             generation: m.generation.clone(),
             context_len: engine.options().context_len,
             vocab_size: c.vocab_size,
-            kv_scheme: "f32".into(),
-            kv_bytes_per_token: (2 * c.num_layers * c.num_kv_heads * c.head_dim * 4) as u64,
+            kv_scheme: engine.options().kv_scheme.cache_key(),
+            kv_bytes_per_token: kiln_engine::kv_scheme::memory::KvGeometry::new(
+                c,
+                &engine.options().kv_scheme,
+                kiln_engine::kv_scheme::memory::CPU_KV_CAPS_SLIDING,
+            )
+            .bytes_per_token(),
             load_secs: m.load_secs,
             arch: format!("{:?}", c.arch),
+            memory: None,
         }
     }
 }

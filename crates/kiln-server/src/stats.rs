@@ -39,6 +39,10 @@ pub fn stats_json(state: &SharedState) -> Value {
         "kv": {"scheme": state.info.kv_scheme, "context_len": state.info.context_len,
                "used_tokens": kv_used, "usage": kv_usage(state),
                "bytes_per_token": state.info.kv_bytes_per_token},
+        "admission": match &state.info.memory {
+            Some(a) => json!(a),
+            None => Value::Null,
+        },
         "queue": {"running": m.running.load(Relaxed), "waiting": m.waiting.load(Relaxed),
                   "capacity": state.gateway.capacity()},
         "requests": {"finished": m.finished.load(Relaxed), "cancelled": m.cancelled.load(Relaxed),
@@ -48,6 +52,18 @@ pub fn stats_json(state: &SharedState) -> Value {
         "batch": {"configured": 1, "batched": false, "active_rows": m.running.load(Relaxed)},
     });
     if let Some(obj) = body.as_object_mut() {
+        if let Some(kv) = obj.get_mut("kv").and_then(Value::as_object_mut)
+            && let Ok(report) = m.kv_report.lock()
+            && let Some(r) = report.as_ref()
+        {
+            kv.insert("label".into(), json!(r.label));
+            kv.insert("start".into(), json!(r.start));
+            kv.insert("layers".into(), json!(r.layers));
+            kv.insert("current".into(), json!(r.current));
+            kv.insert("conversions".into(), json!(r.conversions));
+            kv.insert("bytes".into(), json!(r.bytes));
+            kv.insert("reserved_bytes".into(), json!(r.reserved_bytes));
+        }
         for (key, hook) in &state.extra_stats {
             obj.insert(key.clone(), hook());
         }

@@ -26,6 +26,8 @@ pub enum Command {
     Pull(PullArgs),
     /// Will a model fit in memory: weights, KV cache, transient, max safe context, est. tok/s.
     Fit(crate::cmd::fit::FitArgs),
+    /// Evaluate a model under another setting against itself (`eval kv`: KV-cache schemes).
+    Eval(crate::cmd::eval::EvalArgs),
     /// Serve the model over OpenAI- and Anthropic-compatible HTTP with a chat page (the default verb).
     Serve(crate::cmd::serve::ServeArgs),
     /// List, show, follow, cancel and submit lab jobs on a running server.
@@ -47,6 +49,8 @@ pub struct RuntimeArgs {
     /// Dequantize every weight to f32 at load (exact but slower; for checking accuracy).
     #[arg(long)]
     pub dense: bool,
+    #[command(flatten)]
+    pub kv: crate::kv::KvArgs,
 }
 
 /// `kiln generate`.
@@ -126,6 +130,11 @@ pub struct BenchArgs {
     /// Dequantize every weight to f32 at load.
     #[arg(long)]
     pub dense: bool,
+    /// Cache positions filled before each test (llama-bench's -d): decode speed at depth.
+    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    pub depth: usize,
+    #[command(flatten)]
+    pub kv: crate::kv::KvArgs,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -57,11 +57,14 @@ pub fn load_engine(spec: &str, rt: &RuntimeArgs) -> Result<Engine<CpuBackend>> {
         Some(n) => n,
         None => model.config.max_position_embeddings.min(4096),
     };
+    let kv_scheme = rt.kv.resolve(&path, &model.config)?;
+    tracing::info!(scheme = %kv_scheme.cache_key(), "KV cache");
     Ok(Engine::new(
         backend,
         model,
         EngineOptions {
             context_len: ctx,
+            kv_scheme,
             ..EngineOptions::default()
         },
     )?)

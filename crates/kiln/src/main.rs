@@ -3,6 +3,7 @@
 mod cli;
 mod cmd;
 mod common;
+mod kv;
 
 use std::process::ExitCode;
 
@@ -17,6 +18,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Models(args)) => cmd::models::run(args),
         Some(cli::Command::Pull(args)) => cmd::pull::run(args),
         Some(cli::Command::Fit(args)) => cmd::fit::run(args),
+        Some(cli::Command::Eval(args)) => cmd::eval::run(args),
         Some(cli::Command::Serve(args)) => cmd::serve::run(args),
         Some(cli::Command::Jobs(args)) => cmd::jobs::run(args),
         Some(cli::Command::Job(args)) => return cmd::jobs::child(args),

@@ -2,9 +2,9 @@
 //! cache key and `/stats` label that name it, when a quantized cache may join a batch, and the
 //! memory model `kiln fit` and admission bill.
 //!
-//! Only the pure logic lives here so far: kiln's CPU store still keeps every layer dense in f32
-//! (`kiln_model::backend::cpu::CpuKv`). Quantized storage, delayed conversion and attention over
-//! quantized tiles come with the second half of issue 5.
+//! The logic lives here; the storage lives in the backend. [`KvScheme::plan`] turns a scheme
+//! into the per-layer [`KvPlan`] a backend's store follows (`kiln_model::backend::cpu::CpuKv`
+//! converts layers at the start and attends over quantized tiles).
 
 mod batchable;
 mod config_file;
@@ -16,6 +16,8 @@ mod tests;
 pub use batchable::{BatchCapabilities, KvLayerKind, KvModelShape};
 pub use config_file::{KV_CONFIG_FILE, load_kv_config, parse_kv_config};
 pub use resolve::{KvQuantOverride, KvSchemeRequest, MissingConfig, resolve_kv_scheme};
+
+use kiln_model::backend::{DenseKv, KvPlan, KvQuantFormat};
 
 /// Bits an affine (MLX-convention) KV quantization may use: the spec's `kvBits ∈ {4, 8}` and
 /// optiq's knapsack candidates. Widening this set needs storage kernels for the new widths.
@@ -86,8 +88,7 @@ pub enum KvSchemeError {
     },
 }
 
-/// The storage dtype of a dense cache. kiln's CPU cache is f32 today; f16/bf16 storage is
-/// planned (issue 5, "dense: the activation dtype, or f16/bf16 storage when asked").
+/// The storage dtype of a dense cache (and of every layer before its conversion).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DenseDtype {
@@ -115,6 +116,25 @@ impl DenseDtype {
             Self::F32 => "f32",
             Self::F16 => "f16",
             Self::Bf16 => "bf16",
+        }
+    }
+
+    /// Parses `f32`, `f16` or `bf16`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "f32" => Some(Self::F32),
+            "f16" => Some(Self::F16),
+            "bf16" => Some(Self::Bf16),
+            _ => None,
+        }
+    }
+
+    /// The backend's name for it.
+    pub fn storage(self) -> DenseKv {
+        match self {
+            Self::F32 => DenseKv::F32,
+            Self::F16 => DenseKv::F16,
+            Self::Bf16 => DenseKv::Bf16,
         }
     }
 }
@@ -296,6 +316,35 @@ impl KvScheme {
             KvSchemeKind::Turbo => Some(LayerQuant::Turbo(
                 self.options.turbo.unwrap_or(TurboQuant::DEFAULT),
             )),
+        }
+    }
+
+    /// The per-layer plan a backend store follows for a model of `n_layers` layers: linear
+    /// layers (none in kiln's architectures yet) would stay dense.
+    pub fn plan(&self, shape: &KvModelShape) -> KvPlan {
+        let quantized = (0..shape.num_hidden_layers)
+            .map(|l| {
+                if shape.layer_type(l) == KvLayerKind::Linear {
+                    return None;
+                }
+                self.layer_quant(l).map(|q| match q {
+                    LayerQuant::Affine { bits, group_size } => {
+                        KvQuantFormat::Affine { bits, group_size }
+                    }
+                    LayerQuant::Turbo(t) => KvQuantFormat::Turbo {
+                        k_bits: t.k_bits,
+                        v_bits: t.v_bits,
+                    },
+                })
+            })
+            .collect();
+        KvPlan {
+            dense: self.options.dense.storage(),
+            quantized,
+            start: match self.kind {
+                KvSchemeKind::Dense => 0,
+                _ => self.effective_start(),
+            },
         }
     }
 

@@ -534,8 +534,9 @@ fn kv_bytes_per_token_per_scheme_on_smollm2() {
     assert_eq!(per(&KvScheme::dense(DenseDtype::Bf16)), 30 * 2 * 192 * 2);
     assert_eq!(per(&uniform(4, None, Some(0))), 30 * 216);
     assert_eq!(per(&uniform(8, None, Some(0))), 30 * 408);
-    // Turbo is billed as bf16 (spec §6.4).
-    assert_eq!(per(&turbo(8, 3, None)), 30 * 2 * 192 * 2);
+    // Turbo at what kiln's store holds: per KV head 64 + 24 index bytes and two f16 norms.
+    assert_eq!(per(&turbo(8, 3, None)), 30 * 3 * (64 + 2 + 24 + 2));
+    assert_eq!(per(&turbo(4, 2, None)), 30 * 3 * (32 + 2 + 16 + 2));
     // Config: listed layers affine, the rest dense (f32).
     assert_eq!(
         per(&config_scheme(&[spec(0, 8), spec(1, 4)], None)),
@@ -611,6 +612,7 @@ fn fit_adds_up_and_finds_the_largest_safe_context() {
         &scheme,
         FitParams {
             weight_bytes: w,
+            largest_tensor_bytes: w / 8,
             ctx: 2048,
             chunk: 512,
             threads: 2,
@@ -621,17 +623,18 @@ fn fit_adds_up_and_finds_the_largest_safe_context() {
     assert_eq!(r.kv_bytes, kv_per * 2048);
     assert!(r.fits);
     assert_eq!(r.max_safe_context, 3000);
-    assert_eq!(r.load_peak_bytes, load_peak_bytes(w));
+    assert_eq!(r.load_peak_bytes, load_peak_bytes(w, w / 8));
     // Too small for the load peak: nothing fits.
     let r = fit(
         &cfg,
         &scheme,
         FitParams {
             weight_bytes: w,
+            largest_tensor_bytes: w / 8,
             ctx: 1,
             chunk: 512,
             threads: 2,
-            budget_bytes: 2 * w,
+            budget_bytes: w + w / 8,
         },
     );
     assert!(!r.fits);
@@ -642,6 +645,7 @@ fn fit_adds_up_and_finds_the_largest_safe_context() {
         &scheme,
         FitParams {
             weight_bytes: w,
+            largest_tensor_bytes: w / 8,
             ctx: 1,
             chunk: 512,
             threads: 2,

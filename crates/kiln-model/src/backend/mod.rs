@@ -7,9 +7,11 @@
 
 pub mod cpu;
 mod host;
+mod kv_plan;
 pub mod reference;
 
 pub use host::{HostAct, HostTensor};
+pub use kv_plan::{DenseKv, KvLayerState, KvPlan, KvQuantFormat};
 
 use crate::ModelError;
 use crate::config::Activation;
@@ -160,6 +162,28 @@ pub trait KvStore: Send {
         let _ = (slot, snapshot, len);
         false
     }
+    /// Converts every layer of `slot` that its plan quantizes and whose sequence has reached the
+    /// plan's start (never an empty one), one layer at a time; returns how many layers it
+    /// converted. Called after each forward. A dense-only store converts nothing.
+    fn convert_due(&mut self, slot: usize) -> Result<usize, ModelError> {
+        let _ = slot;
+        Ok(0)
+    }
+    /// Layer conversions performed since the store was created (each layer of each sequence
+    /// converts at most once).
+    fn conversions(&self) -> u64 {
+        0
+    }
+    /// What each layer of `slot` holds now.
+    fn layer_states(&self, slot: usize) -> Vec<KvLayerState> {
+        let _ = slot;
+        vec![KvLayerState::Dense(DenseKv::F32); self.layout().n_layers]
+    }
+    /// Bytes the positions `slot` holds take in their current formats, all layers.
+    fn slot_bytes(&self, slot: usize) -> usize {
+        let l = self.layout();
+        self.seq_len(slot) * l.n_layers * 2 * l.n_kv_heads * l.head_dim * 4
+    }
 }
 
 /// Keys and values of a run of positions, copied out of a [`KvStore`].
@@ -209,8 +233,19 @@ pub trait Backend: Send + Sync {
     fn matrix(&self, name: &str, t: HostTensor) -> Result<Self::Matrix, ModelError>;
     /// Takes a 1-D parameter, converting it to f32.
     fn vector(&self, name: &str, t: HostTensor) -> Result<Self::Vector, ModelError>;
-    /// Allocates a KV store.
+    /// Allocates a dense f32 KV store.
     fn new_kv(&self, layout: KvLayout) -> Result<Self::Kv, ModelError>;
+    /// Allocates a KV store that keeps layers as `plan` says; a backend that cannot store a
+    /// format refuses with an error rather than falling back to dense.
+    fn new_kv_planned(&self, layout: KvLayout, plan: &KvPlan) -> Result<Self::Kv, ModelError> {
+        if plan.is_dense_f32() {
+            return self.new_kv(layout);
+        }
+        Err(ModelError::Forward(format!(
+            "the {} backend stores the KV cache in f32 only",
+            self.name()
+        )))
+    }
 
     /// Looks up embedding rows, optionally multiplying them by `scale`.
     fn embed(

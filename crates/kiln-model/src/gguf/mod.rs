@@ -267,6 +267,15 @@ impl GgufFile {
         let start = (self.header.data_offset + info.offset) as usize;
         &self.mmap[start..start + info.size_bytes as usize]
     }
+
+    /// A copy of a tensor's bytes; the mapped pages are released afterwards, so the file is not
+    /// held in memory a second time beside the copies.
+    pub fn tensor_bytes(&self, info: &GgufTensorInfo) -> Vec<u8> {
+        let bytes = self.tensor_data(info).to_vec();
+        let start = (self.header.data_offset + info.offset) as usize;
+        crate::weights::release_pages(&self.mmap, start, bytes.len());
+        bytes
+    }
 }
 
 #[cfg(test)]

@@ -130,7 +130,7 @@ impl TensorSource for GgufSource {
             ty: info.ty,
             rows,
             cols,
-            bytes: self.file.tensor_data(info).to_vec(),
+            bytes: self.file.tensor_bytes(info),
         };
         if let Some(heads) = self.heads_to_unpermute(name) {
             let order = unpermute_order(rows, heads).ok_or_else(|| ModelError::Tensor {
@@ -141,6 +141,11 @@ impl TensorSource for GgufSource {
             t.permute_rows(&order)?;
         }
         Ok(Some(t))
+    }
+
+    fn largest_tensor_bytes(&self) -> u64 {
+        let tensors = &self.file.header().tensors;
+        tensors.iter().map(|t| t.size_bytes).max().unwrap_or(0)
     }
 
     fn total_tensor_bytes(&self) -> u64 {

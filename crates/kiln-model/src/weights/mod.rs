@@ -12,6 +12,21 @@ use std::path::Path;
 use crate::ModelError;
 use crate::backend::HostTensor;
 
+/// Drops the resident pages of `map[start..start + len]` once a tensor has been copied out, so
+/// loading holds the weights once (in their owned copies) rather than twice; the bytes stay in
+/// the page cache and fault back in if read again. Best effort: an error changes nothing.
+pub(crate) fn release_pages(map: &memmap2::Mmap, start: usize, len: usize) {
+    #[cfg(unix)]
+    {
+        // SAFETY: the mapping is a private read-only file mapping and no slice of this range is
+        // alive (the caller has copied it); DONTNEED only makes later reads fault the file in.
+        let _ =
+            unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
+    }
+    #[cfg(not(unix))]
+    let _ = (map, start, len);
+}
+
 /// A model file (or folder of files) that hands out tensors by Hugging Face name.
 pub trait TensorSource {
     /// The file or folder, for error messages.
@@ -20,6 +35,9 @@ pub trait TensorSource {
     fn tensor(&self, name: &str) -> Result<Option<HostTensor>, ModelError>;
     /// Total bytes of tensor data (what loading will hold in memory).
     fn total_tensor_bytes(&self) -> u64;
+    /// Bytes of the largest tensor: while it is copied, its mapped pages and its copy are both
+    /// resident.
+    fn largest_tensor_bytes(&self) -> u64;
     /// The file that holds tensor `name`, so that an error about it names the shard, not only the
     /// folder; [`TensorSource::path`] unless the source spans several files.
     fn file_of(&self, _name: &str) -> &Path {

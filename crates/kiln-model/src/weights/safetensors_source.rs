@@ -150,12 +150,19 @@ impl TensorSource for SafetensorsSource {
             [r, c] => (*r, *c),
             other => return Err(bad(format!("shape {other:?} is not a matrix or vector"))),
         };
+        let bytes = mmap[e.start..e.end].to_vec();
+        super::release_pages(mmap, e.start, bytes.len());
         Ok(Some(HostTensor {
             ty,
             rows,
             cols,
-            bytes: mmap[e.start..e.end].to_vec(),
+            bytes,
         }))
+    }
+
+    fn largest_tensor_bytes(&self) -> u64 {
+        let sizes = self.entries.values().map(|e| (e.end - e.start) as u64);
+        sizes.max().unwrap_or(0)
     }
 
     fn total_tensor_bytes(&self) -> u64 {

@@ -30,6 +30,7 @@ pub fn engine() -> Engine<CpuBackend> {
         EngineOptions {
             context_len: 512,
             prefill_chunk: 128,
+            ..EngineOptions::default()
         },
     )
     .expect("engine")

@@ -11,6 +11,7 @@ use crate::common::{available_threads, load_engine, set_threads};
 struct Row {
     model: String,
     backend: &'static str,
+    kv_scheme: String,
     threads: usize,
     #[serde(flatten)]
     result: BenchResult,
@@ -27,8 +28,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         prompt_tokens: args.prompt_tokens,
         gen_tokens: args.gen_tokens,
         repetitions: args.repetitions.max(1),
+        depth: args.depth,
     };
-    let ctx = (cfg.prompt_tokens + cfg.gen_tokens).max(16);
+    let ctx = (args.depth + cfg.prompt_tokens.max(cfg.gen_tokens)).max(16);
     let mut rows = vec![];
     for &t in &threads {
         set_threads(Some(t))?;
@@ -36,13 +38,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
             threads: Some(t),
             ctx: Some(ctx),
             dense: args.dense,
+            kv: args.kv.clone(),
         };
         let mut engine = load_engine(&args.model, &rt)?;
         let results: Vec<BenchResult> = engine.bench(&cfg)?;
         let backend = if args.dense { "cpu-dense" } else { "cpu" };
+        let kv_scheme = engine.options().kv_scheme.cache_key();
         rows.extend(results.into_iter().map(|result| Row {
             model: args.model.clone(),
             backend,
+            kv_scheme: kv_scheme.clone(),
             threads: t,
             result,
         }));
@@ -52,9 +57,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "| model | backend | threads | test | t/s (median) | min | max | matmul | attention | other |"
+        "| model | backend | kv | threads | test | t/s (median) | min | max | matmul | attention | other |"
     );
-    println!("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in &rows {
         let share = |ns: u64| -> String {
             match &r.result.profile {
@@ -67,9 +72,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         };
         let p = r.result.profile.unwrap_or_default();
         println!(
-            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} |",
             r.model,
             r.backend,
+            r.kv_scheme,
             r.threads,
             r.result.test,
             r.result.median,

@@ -4,10 +4,6 @@
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use kiln_engine::kv_scheme::memory::{self, FitParams, FitReport, MemoryBudget};
-use kiln_engine::kv_scheme::{
-    KvModelShape, KvQuantOverride, KvScheme, KvSchemeRequest, MissingConfig, TurboQuant,
-    load_kv_config, resolve_kv_scheme,
-};
 use kiln_model::files::ModelFiles;
 use serde::Serialize;
 
@@ -19,26 +15,16 @@ pub struct FitArgs {
     /// Context to evaluate (default: the model's, at most 4096, as `generate` uses).
     #[arg(long)]
     pub ctx: Option<usize>,
-    /// KV-cache scheme: off (dense f32), 4 or 8 (affine), config (the model's kv_config.json),
-    /// turbo.
-    #[arg(long, default_value = "off")]
-    pub kv_quant: String,
-    /// Affine group size for --kv-quant 4|8: 32, 64 (default) or 128.
-    #[arg(long)]
-    pub kv_group_size: Option<usize>,
-    /// Cache length at which the cache is quantized (default 0).
-    #[arg(long, allow_hyphen_values = true)]
-    pub quantized_kv_start: Option<i64>,
-    /// TurboQuant key bits (with --kv-quant turbo; default 8).
-    #[arg(long)]
-    pub turbo_k_bits: Option<u8>,
-    /// TurboQuant value bits (with --kv-quant turbo; default 3).
-    #[arg(long)]
-    pub turbo_v_bits: Option<u8>,
+    #[command(flatten)]
+    pub kv: crate::kv::KvArgs,
     /// Memory budget in GB (10^9 bytes); default: what this process may use (cgroup limit and
     /// MemAvailable, the smaller).
     #[arg(long)]
     pub memory_budget: Option<f64>,
+    /// Worker threads the model will run with (each keeps its own attention buffers); default:
+    /// every available core, as `generate` and `serve` use.
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -54,61 +40,40 @@ struct Output<'a> {
     default_budget: Option<MemoryBudget>,
 }
 
-/// Parses `--kv-quant` and the options that go with it into a scheme request.
-fn scheme_request<'a>(
-    args: &FitArgs,
-    config: Option<&'a [kiln_engine::kv_scheme::KvQuantSpec]>,
-) -> Result<KvSchemeRequest<'a>> {
-    let (kv_quant, turbo) = match args.kv_quant.as_str() {
-        "off" => (KvQuantOverride::Off, None),
-        "config" => (KvQuantOverride::Config, None),
-        "turbo" => (
-            KvQuantOverride::Off,
-            Some(TurboQuant {
-                k_bits: args.turbo_k_bits.unwrap_or(TurboQuant::DEFAULT.k_bits),
-                v_bits: args.turbo_v_bits.unwrap_or(TurboQuant::DEFAULT.v_bits),
-            }),
-        ),
-        other => match other.parse::<u8>() {
-            Ok(bits) => (KvQuantOverride::Bits(bits), None),
-            Err(_) => bail!("--kv-quant must be off, 4, 8, config or turbo, got {other:?}"),
-        },
-    };
-    if turbo.is_none() && (args.turbo_k_bits.is_some() || args.turbo_v_bits.is_some()) {
-        bail!("--turbo-k-bits and --turbo-v-bits apply only to --kv-quant turbo");
-    }
-    Ok(KvSchemeRequest {
-        kv_quant: Some(kv_quant),
-        turbo,
-        config,
-        // The user asked for `config` by name: a model without the file is an error.
-        missing_config: MissingConfig::Error,
-        quantized_kv_start: args.quantized_kv_start,
-        kv_group_size: args.kv_group_size,
-        ..KvSchemeRequest::default()
-    })
+/// A fit computed from file headers.
+struct Computed {
+    path: std::path::PathBuf,
+    scheme: kiln_engine::kv_scheme::KvScheme,
+    report: FitReport,
+    budget_source: &'static str,
+    default_budget: Option<MemoryBudget>,
 }
 
-/// Runs `kiln fit`.
-pub fn run(args: FitArgs) -> Result<()> {
-    let path = crate::common::resolve(&args.model)?;
+/// Resolves the model and scheme and runs the memory model at `ctx` under the budget (`None`:
+/// the process's room; `Ok(None)` when that cannot be read and no budget was given).
+fn compute(
+    model: &str,
+    ctx: Option<usize>,
+    kv: &crate::kv::KvArgs,
+    budget_gb: Option<f64>,
+    threads: usize,
+) -> Result<Option<Computed>> {
+    let path = crate::common::resolve(model)?;
     let files = ModelFiles::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let cfg = &files.config;
-    let kv_config = load_kv_config(&path, cfg.num_layers)?;
-    let scheme: KvScheme = resolve_kv_scheme(&scheme_request(&args, kv_config.as_deref())?)?;
-    scheme.check_model(&KvModelShape::from_config(cfg), cfg.head_dim)?;
-    let ctx = match args.ctx {
+    let scheme = kv.resolve(&path, cfg)?;
+    let ctx = match ctx {
         Some(0) => bail!("--ctx must be positive"),
         Some(n) => n,
         None => cfg.max_position_embeddings.min(4096),
     };
     let default_budget = memory::default_memory_budget();
-    let (budget_bytes, budget_source) = match args.memory_budget {
+    let (budget_bytes, budget_source) = match budget_gb {
         Some(gb) if gb.is_finite() && gb > 0.0 => ((gb * 1e9) as u64, "--memory-budget"),
         Some(gb) => bail!("--memory-budget must be a positive number of GB, got {gb}"),
         None => match default_budget {
             Some(b) => (b.bytes, "process (cgroup room and MemAvailable)"),
-            None => bail!("cannot read this machine's available memory; pass --memory-budget GB"),
+            None => return Ok(None),
         },
     };
     let report = memory::fit(
@@ -116,12 +81,72 @@ pub fn run(args: FitArgs) -> Result<()> {
         &scheme,
         FitParams {
             weight_bytes: files.tensors().total_tensor_bytes(),
+            largest_tensor_bytes: files.tensors().largest_tensor_bytes(),
             ctx,
             chunk: memory::DEFAULT_PREFILL_CHUNK,
             budget_bytes,
-            // `kiln generate`/`serve` run on every available core by default.
-            threads: crate::common::available_threads(),
+            threads,
         },
+    );
+    Ok(Some(Computed {
+        path,
+        scheme,
+        report,
+        budget_source,
+        default_budget,
+    }))
+}
+
+/// The server's memory admission (spec §6.7): with `--memory-budget`, a model that cannot
+/// serve one token is refused here, before loading, with the numbers; the safe context bounds
+/// every request.
+pub fn admission(
+    model: &str,
+    rt: &crate::cli::RuntimeArgs,
+    budget_gb: Option<f64>,
+) -> Result<Option<kiln_server::MemoryAdmission>> {
+    let threads = rt.threads.unwrap_or_else(crate::common::available_threads);
+    let Some(c) = compute(model, rt.ctx, &rt.kv, budget_gb, threads)? else {
+        tracing::warn!("cannot read this machine's available memory: memory admission is off");
+        return Ok(None);
+    };
+    let r = &c.report;
+    if budget_gb.is_some() && r.max_safe_context < 1 {
+        let gb = |b: u64| b as f64 / 1e9;
+        bail!(
+            "model does not fit the memory budget of {:.3} GB: weights {:.3} GB + runtime {:.3} GB + prefill transient {:.3} GB leave no room for one token of KV ({} B per token under {}); loading peaks at {:.3} GB",
+            gb(r.budget_bytes),
+            gb(r.weights_bytes),
+            gb(r.runtime_overhead_bytes),
+            gb(r.transient_bytes),
+            r.kv_dense_bytes_per_token,
+            r.kv_scheme,
+            gb(r.load_peak_bytes),
+        );
+    }
+    Ok(Some(kiln_server::MemoryAdmission {
+        budget_source: c.budget_source.to_string(),
+        fit: c.report,
+    }))
+}
+
+/// Runs `kiln fit`.
+pub fn run(args: FitArgs) -> Result<()> {
+    let threads = args
+        .threads
+        .unwrap_or_else(crate::common::available_threads);
+    if threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    let Some(c) = compute(&args.model, args.ctx, &args.kv, args.memory_budget, threads)? else {
+        bail!("cannot read this machine's available memory; pass --memory-budget GB");
+    };
+    let (path, scheme, report, budget_source, default_budget) = (
+        c.path,
+        c.scheme,
+        c.report,
+        c.budget_source,
+        c.default_budget,
     );
     let out = Output {
         model: path.display().to_string(),

@@ -20,6 +20,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     set_threads(args.runtime.threads)?;
     {
         let mut engine = load_engine(&args.model, &args.runtime)?;
+        // Peak RSS in the stats then covers the generation, which `kiln fit` predicts; loading
+        // peaks on its own (`kiln fit`'s load peak).
+        kiln_engine::stats::reset_peak_rss();
         let prompt = build_prompt(&engine, &args)?;
         let request = GenerateRequest {
             prompt,
@@ -55,7 +58,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         if args.stats {
             let s = &output.stats;
             eprintln!(
-                "prompt: {} tokens ({} cached) in {:.3}s = {:.1} tok/s | generated: {} tokens in {:.3}s = {:.1} tok/s | ttft {:.3}s | peak RSS {:.1} MiB | load {:.2}s | finish: {:?}",
+                "prompt: {} tokens ({} cached) in {:.3}s = {:.1} tok/s | generated: {} tokens in {:.3}s = {:.1} tok/s | ttft {:.3}s | peak RSS since load {:.1} MiB | load {:.2}s | finish: {:?}",
                 s.prompt_tokens,
                 s.cached_tokens,
                 s.prefill_secs,

@@ -1,6 +1,7 @@
 //! One module per verb.
 
 pub mod bench;
+pub mod eval;
 pub mod fit;
 pub mod generate;
 pub mod jobs;

@@ -53,6 +53,11 @@ pub struct ServeArgs {
     /// while a heavy job runs (the cores are the same); `shared` lets both run.
     #[arg(long, default_value = "exclusive")]
     pub job_policy: JobPolicy,
+    /// Memory the server may use, in GB (10^9 bytes): a model that cannot serve one token in it
+    /// is refused at load, and requests beyond the safe context it leaves get a 400. Default:
+    /// what this process may use (cgroup limit and MemAvailable, the smaller).
+    #[arg(long)]
+    pub memory_budget: Option<f64>,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 }
@@ -86,6 +91,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     let started = Instant::now();
     set_threads(args.runtime.threads)?;
+    // Admission is decided from file headers, before any weight is read.
+    let memory = crate::cmd::fit::admission(&args.model, &args.runtime, args.memory_budget)?;
     let mut engine = load_engine(&args.model, &args.runtime)?;
     engine.set_prompt_cache_bytes(usize::try_from(args.prompt_cache_bytes).unwrap_or(usize::MAX));
     let path = engine.model().path.clone();
@@ -93,7 +100,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| args.model.clone());
-    let info = ModelInfo::from_engine(&engine, id);
+    let mut info = ModelInfo::from_engine(&engine, id);
+    if let Some(m) = &memory {
+        eprintln!(
+            "kiln: memory budget {:.2} GB ({}): max safe context {} tokens",
+            m.fit.budget_bytes as f64 / 1e9,
+            m.budget_source,
+            m.fit.max_safe_context
+        );
+    }
+    info.memory = memory;
     eprintln!(
         "kiln: loaded {} in {:.2}s (weights {:.2}s), context {} tokens",
         path.display(),

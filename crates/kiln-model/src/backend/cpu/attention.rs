@@ -1,9 +1,17 @@
-//! Causal attention over the dense cache. One task per (query, KV head) serves every query head
-//! of the GQA group, so each cached key and value row is read once per group; scores go to a
-//! per-thread buffer (one row per head), then an exact two-pass softmax and the weighted sum.
+//! Causal attention over the cache in whatever format each layer holds. One task per (query,
+//! KV head) serves every query head of the GQA group, so each cached row is read — and, for a
+//! quantized layer, decoded — once per group. Rows are decoded a tile at a time into a
+//! per-thread buffer, never the whole cache. Scores go to a per-thread buffer (one row per
+//! head), then an exact two-pass softmax and the weighted sum.
+//!
+//! TurboQuant layers keep keys and values in a rotated space: the query is rotated in, scores
+//! are rotation-invariant, and the output is rotated back once per head.
 
 use super::kv::CpuKv;
-use crate::backend::{AttentionParams, BatchLayout, HostAct};
+use crate::backend::{AttentionParams, BatchLayout, HostAct, KvLayerState};
+
+/// Positions decoded per tile: 64 rows of a 128-wide head are 32 KiB of f32, within L1/L2.
+const TILE: usize = 64;
 
 /// Writes the batch's keys/values into the cache, then computes attention for every query row.
 pub(crate) fn attention(
@@ -15,18 +23,21 @@ pub(crate) fn attention(
     batch: &BatchLayout,
     p: &AttentionParams,
 ) -> HostAct {
-    let kvw = kv.kv_width();
     let mut row = 0;
     for span in &batch.spans {
         for t in 0..span.n_tokens {
-            let off = kv.offset(span.slot, span.start_pos + t);
-            kv.keys[layer][off..off + kvw].copy_from_slice(k.row(row + t));
-            kv.values[layer][off..off + kvw].copy_from_slice(v.row(row + t));
+            kv.write(
+                span.slot,
+                layer,
+                span.start_pos + t,
+                k.row(row + t),
+                v.row(row + t),
+            );
         }
         row += span.n_tokens;
     }
 
-    // (query row, slot, position) for every token of the batch.
+    // (slot, position) of every query row of the batch.
     let mut queries = Vec::with_capacity(batch.total_tokens());
     for span in &batch.spans {
         for t in 0..span.n_tokens {
@@ -36,10 +47,7 @@ pub(crate) fn attention(
     let hd = p.head_dim;
     let group = p.n_heads / p.n_kv_heads;
     let mut out = HostAct::zeros(q.rows, p.n_heads * hd);
-    let (keys, values) = (&kv.keys[layer], &kv.values[layer]);
     let kv_ref = &*kv;
-    // One task per (query, KV head): the query heads of a GQA group are adjacent in the output
-    // row, and each key/value row is loaded once for all of them.
     kiln_kernels::pool::for_each_chunk_mut(&mut out.data, group * hd, 1, |idx, out_group| {
         let (qi, g) = (idx / p.n_kv_heads, idx % p.n_kv_heads);
         let (slot, pos) = queries[qi];
@@ -48,16 +56,35 @@ pub(crate) fn attention(
             None => 0,
         };
         let n = pos + 1 - first;
-        let q_group = &q.row(qi)[g * group * hd..(g + 1) * group * hd];
-        SCORES.with(|cell| {
-            let mut scores = cell.borrow_mut();
+        let (cell, codec) = kv_ref.cell(slot, layer);
+        // Only a converted cell holds rotated rows; before its conversion a TurboQuant layer
+        // attends densely like any other.
+        let rotations = match cell.state {
+            KvLayerState::Quantized(_) => codec.and_then(|c| c.rotations()),
+            KvLayerState::Dense(_) => None,
+        };
+        SCRATCH.with(|cell_scratch| {
+            let scratch = &mut *cell_scratch.borrow_mut();
+            let Scratch {
+                scores,
+                tile,
+                query,
+            } = scratch;
+            query.clear();
+            query.extend_from_slice(&q.row(qi)[g * group * hd..(g + 1) * group * hd]);
+            if let Some((rk, _)) = rotations {
+                query.chunks_exact_mut(hd).for_each(|h| rk.rotate(h));
+            }
             scores.clear();
             scores.resize(group * n, 0.0);
-            for (jj, j) in (first..=pos).enumerate() {
-                let off = kv_ref.offset(slot, j) + g * hd;
-                let kj = &keys[off..off + hd];
-                for h in 0..group {
-                    scores[h * n + jj] = dot(&q_group[h * hd..(h + 1) * hd], kj) * p.scale;
+            for t0 in (0..n).step_by(TILE) {
+                let len = TILE.min(n - t0);
+                let (rows, stride) = cell.keys(codec, g, first + t0, len, tile);
+                for jj in 0..len {
+                    let kj = &rows[jj * stride..jj * stride + hd];
+                    for h in 0..group {
+                        scores[h * n + t0 + jj] = dot(&query[h * hd..(h + 1) * hd], kj) * p.scale;
+                    }
                 }
             }
             for h in 0..group {
@@ -66,23 +93,39 @@ pub(crate) fn attention(
                 let inv = 1.0 / kiln_kernels::softmax::exp_shifted_in_place(s, max);
                 s.iter_mut().for_each(|x| *x *= inv);
             }
-            for (jj, j) in (first..=pos).enumerate() {
-                let off = kv_ref.offset(slot, j) + g * hd;
-                let vj = &values[off..off + hd];
-                for (h, out_head) in out_group.chunks_exact_mut(hd).enumerate() {
-                    let w = scores[h * n + jj];
-                    out_head.iter_mut().zip(vj).for_each(|(o, &x)| *o += w * x);
+            for t0 in (0..n).step_by(TILE) {
+                let len = TILE.min(n - t0);
+                let (rows, stride) = cell.values(codec, g, first + t0, len, tile);
+                for jj in 0..len {
+                    let vj = &rows[jj * stride..jj * stride + hd];
+                    for (h, out_head) in out_group.chunks_exact_mut(hd).enumerate() {
+                        let w = scores[h * n + t0 + jj];
+                        out_head.iter_mut().zip(vj).for_each(|(o, &x)| *o += w * x);
+                    }
                 }
+            }
+            if let Some((_, rv)) = rotations {
+                out_group.chunks_exact_mut(hd).for_each(|h| rv.unrotate(h));
             }
         });
     });
     out
 }
 
+/// Per-thread buffers of the attention tasks, kept between calls: the transient is
+/// `(heads per KV head × context + TILE × head_dim + group × head_dim) × 4` bytes per worker.
+#[derive(Default)]
+struct Scratch {
+    /// Softmax weights, `[group][visible keys]`.
+    scores: Vec<f32>,
+    /// One decoded tile of keys or values.
+    tile: Vec<f32>,
+    /// The group's query heads (rotated for TurboQuant layers).
+    query: Vec<f32>,
+}
+
 thread_local! {
-    /// Softmax weights of one task, `[group][visible keys]`: the attention transient is
-    /// `heads per KV head × context × 4` bytes per worker thread, reused across calls.
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
 #[inline]

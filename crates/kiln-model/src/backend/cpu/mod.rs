@@ -3,6 +3,8 @@
 mod attention;
 mod elementwise;
 mod kv;
+mod kv_buf;
+mod kv_cell;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +15,8 @@ use kiln_kernels::{GgmlType, QMatrix, QuantizedActivations};
 pub use kv::CpuKv;
 
 use super::{
-    AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, OpProfile, RopeAngles,
+    AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, KvPlan, OpProfile,
+    RopeAngles,
 };
 use crate::ModelError;
 use crate::config::Activation;
@@ -144,6 +147,10 @@ impl Backend for CpuBackend {
 
     fn new_kv(&self, layout: KvLayout) -> Result<CpuKv, ModelError> {
         CpuKv::new(layout)
+    }
+
+    fn new_kv_planned(&self, layout: KvLayout, plan: &KvPlan) -> Result<CpuKv, ModelError> {
+        CpuKv::planned(layout, plan)
     }
 
     fn embed(
