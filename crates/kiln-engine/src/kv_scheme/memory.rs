@@ -202,10 +202,11 @@ impl KvGeometry {
 /// After the layers, the last row's norm, logits and their host copy (`3·vocab` with the
 /// engine's previous row) replace the layer temporaries; the larger of the two phases counts.
 ///
-/// The attention kernel's per-worker softmax buffer (`backend/cpu/attention.rs`, thread-local
-/// `SCORES`: one row of visible keys per query head of a GQA group, kept between calls) adds
-/// `threads · (heads / kv_heads) · keys · 4`, keys being `ctx` (a sliding layer's window when
-/// every layer slides).
+/// The attention kernel's per-worker buffers (`backend/cpu/attention.rs`, thread-local
+/// `Scratch`, kept between calls) add `threads · 4 · (group · keys + ATTENTION_TILE · head_dim +
+/// group · head_dim)`: one row of visible keys per query head of a GQA group, one decoded tile
+/// and the group's (rotated) queries; keys is `ctx` (a sliding layer's window when every layer
+/// slides).
 pub fn prefill_transient_bytes(cfg: &ModelConfig, chunk: usize, ctx: usize, threads: usize) -> u64 {
     let c = chunk.min(ctx).max(1) as u64;
     let keys = cfg
@@ -218,7 +219,10 @@ pub fn prefill_transient_bytes(cfg: &ModelConfig, chunk: usize, ctx: usize, thre
         .max()
         .unwrap_or(ctx) as u64;
     let group = (cfg.num_heads / cfg.num_kv_heads.max(1)) as u64;
-    let scores = threads.max(1) as u64 * group * keys * 4;
+    let hd = cfg.head_dim as u64;
+    let per_thread =
+        group * keys + kiln_model::backend::cpu::ATTENTION_TILE as u64 * hd + group * hd;
+    let scores = threads.max(1) as u64 * per_thread * 4;
     let (h, qw, kvw, inter) = (
         cfg.hidden_size as u64,
         cfg.q_width() as u64,
@@ -296,6 +300,9 @@ pub struct FitReport {
     pub max_safe_context: usize,
     /// The model's trained context.
     pub max_position_embeddings: usize,
+    /// The longest context the memory alone allows, ignoring the trained context (capped at
+    /// 2^24 positions): how far the scheme stretches the budget.
+    pub memory_context_limit: usize,
     /// Estimated decode speed at `ctx`: [`DECODE_BYTES_PER_SEC`] over the weight plus KV bytes
     /// a token reads.
     pub predicted_decode_tok_s: f64,
@@ -313,16 +320,20 @@ pub fn fit(cfg: &ModelConfig, scheme: &KvScheme, p: FitParams) -> FitReport {
     let load_peak = load_peak_bytes(p.weight_bytes, p.largest_tensor_bytes);
     let fits_at = |t: usize| total(t).max(load_peak) <= p.budget_bytes;
     // `total` never decreases with `t`, so the largest fitting context is a binary search.
-    let (mut lo, mut hi) = (0usize, cfg.max_position_embeddings);
-    while lo < hi {
-        let mid = lo + (hi - lo).div_ceil(2);
-        if fits_at(mid) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
+    let largest_fitting = |limit: usize| {
+        let (mut lo, mut hi) = (0usize, limit);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if fits_at(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
         }
-    }
-    let max_safe_context = if lo >= 1 && fits_at(lo) { lo } else { 0 };
+        if lo >= 1 && fits_at(lo) { lo } else { 0 }
+    };
+    let max_safe_context = largest_fitting(cfg.max_position_embeddings);
+    let memory_context_limit = largest_fitting(1 << 24);
     let kv_bytes = geo.peak_bytes_at(p.ctx, p.chunk);
     let total_bytes = total(p.ctx);
     let peak_bytes = total_bytes.max(load_peak);
@@ -343,6 +354,7 @@ pub fn fit(cfg: &ModelConfig, scheme: &KvScheme, p: FitParams) -> FitReport {
         fits: peak_bytes <= p.budget_bytes,
         max_safe_context,
         max_position_embeddings: cfg.max_position_embeddings,
+        memory_context_limit,
         predicted_decode_tok_s: if read_per_token == 0 {
             0.0
         } else {

@@ -586,7 +586,7 @@ fn transient_is_the_chunk_activations_by_hand() {
     let layer = c * 9024 * 4 + c * 24 + 49152 * 4;
     let scratch = (c * 1536 * 1876).div_ceil(256);
     // Two workers, each with a score row per query head of a GQA group (9/3) over 4096 keys.
-    let scores = 2 * 3 * 4096 * 4;
+    let scores = 2 * (3 * 4096 + 64 * 64 + 3 * 64) * 4;
     assert_eq!(
         prefill_transient_bytes(&cfg, 512, 4096, 2),
         scratch + scores + layer

@@ -182,8 +182,8 @@ pub fn run(args: FitArgs) -> Result<()> {
     );
     println!("fits               {}", if r.fits { "yes" } else { "no" });
     println!(
-        "max safe context   {} (model trained for {})",
-        r.max_safe_context, r.max_position_embeddings
+        "max safe context   {} (model trained for {}; the memory alone allows {})",
+        r.max_safe_context, r.max_position_embeddings, r.memory_context_limit
     );
     println!("decode (estimate)  {:.0} tok/s", r.predicted_decode_tok_s);
     Ok(())

@@ -7,11 +7,15 @@
 //! TurboQuant layers keep keys and values in a rotated space: the query is rotated in, scores
 //! are rotation-invariant, and the output is rotated back once per head.
 
+use kiln_kernels::kvquant::turbo::TurboCodec;
+
 use super::kv::CpuKv;
+use super::kv_cell::{LayerCell, LayerCodec};
 use crate::backend::{AttentionParams, BatchLayout, HostAct, KvLayerState};
 
 /// Positions decoded per tile: 64 rows of a 128-wide head are 32 KiB of f32, within L1/L2.
-const TILE: usize = 64;
+pub const ATTENTION_TILE: usize = 64;
+const TILE: usize = ATTENTION_TILE;
 
 /// Writes the batch's keys/values into the cache, then computes attention for every query row.
 pub(crate) fn attention(
@@ -48,68 +52,205 @@ pub(crate) fn attention(
     let group = p.n_heads / p.n_kv_heads;
     let mut out = HostAct::zeros(q.rows, p.n_heads * hd);
     let kv_ref = &*kv;
+    let visible = |pos: usize| match p.window {
+        Some(w) => (pos + 1).saturating_sub(w)..pos + 1,
+        None => 0..pos + 1,
+    };
+    let longest = queries
+        .iter()
+        .map(|&(_, pos)| visible(pos).len())
+        .max()
+        .unwrap_or(0);
+    if q.rows <= SPLIT_MAX_ROWS && longest > SPLIT_LEN {
+        split_attention(kv_ref, layer, q, &queries, &visible, p, &mut out);
+        return out;
+    }
     kiln_kernels::pool::for_each_chunk_mut(&mut out.data, group * hd, 1, |idx, out_group| {
         let (qi, g) = (idx / p.n_kv_heads, idx % p.n_kv_heads);
         let (slot, pos) = queries[qi];
-        let first = match p.window {
-            Some(w) => (pos + 1).saturating_sub(w),
-            None => 0,
-        };
-        let n = pos + 1 - first;
-        let (cell, codec) = kv_ref.cell(slot, layer);
-        // Only a converted cell holds rotated rows; before its conversion a TurboQuant layer
-        // attends densely like any other.
-        let rotations = match cell.state {
-            KvLayerState::Quantized(_) => codec.and_then(|c| c.rotations()),
-            KvLayerState::Dense(_) => None,
-        };
-        SCRATCH.with(|cell_scratch| {
-            let scratch = &mut *cell_scratch.borrow_mut();
-            let Scratch {
-                scores,
-                tile,
-                query,
-            } = scratch;
-            query.clear();
-            query.extend_from_slice(&q.row(qi)[g * group * hd..(g + 1) * group * hd]);
-            if let Some((rk, _)) = rotations {
-                query.chunks_exact_mut(hd).for_each(|h| rk.rotate(h));
-            }
-            scores.clear();
-            scores.resize(group * n, 0.0);
-            for t0 in (0..n).step_by(TILE) {
-                let len = TILE.min(n - t0);
-                let (rows, stride) = cell.keys(codec, g, first + t0, len, tile);
-                for jj in 0..len {
-                    let kj = &rows[jj * stride..jj * stride + hd];
-                    for h in 0..group {
-                        scores[h * n + t0 + jj] = dot(&query[h * hd..(h + 1) * hd], kj) * p.scale;
-                    }
-                }
-            }
-            for h in 0..group {
-                let s = &mut scores[h * n..(h + 1) * n];
-                let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let inv = 1.0 / kiln_kernels::softmax::exp_shifted_in_place(s, max);
-                s.iter_mut().for_each(|x| *x *= inv);
-            }
-            for t0 in (0..n).step_by(TILE) {
-                let len = TILE.min(n - t0);
-                let (rows, stride) = cell.values(codec, g, first + t0, len, tile);
-                for jj in 0..len {
-                    let vj = &rows[jj * stride..jj * stride + hd];
-                    for (h, out_head) in out_group.chunks_exact_mut(hd).enumerate() {
-                        let w = scores[h * n + t0 + jj];
-                        out_head.iter_mut().zip(vj).for_each(|(o, &x)| *o += w * x);
-                    }
-                }
-            }
+        let q_group = &q.row(qi)[g * group * hd..(g + 1) * group * hd];
+        let part = attend(kv_ref, slot, layer, g, q_group, visible(pos), p, out_group);
+        let rotations = part.rotations;
+        for (h, out_head) in out_group.chunks_exact_mut(hd).enumerate() {
+            let inv = 1.0 / part.sums[h];
+            out_head.iter_mut().for_each(|o| *o *= inv);
             if let Some((_, rv)) = rotations {
-                out_group.chunks_exact_mut(hd).for_each(|h| rv.unrotate(h));
+                rv.unrotate(out_head);
             }
-        });
+        }
     });
     out
+}
+
+/// Decode attends over one or a few queries: (query, KV head) pairs alone would leave most
+/// workers idle (SmolLM2 has 3 KV heads), so the visible keys are split into parts of
+/// [`SPLIT_LEN`] positions computed in parallel and merged with their softmax maxima
+/// (flash-decoding). The split depends only on the batch and the positions, never on the thread
+/// count, so results do not change with `--threads`.
+const SPLIT_LEN: usize = 256;
+/// Batches of at most this many query rows take the split path.
+const SPLIT_MAX_ROWS: usize = 4;
+
+fn split_attention(
+    kv: &CpuKv,
+    layer: usize,
+    q: &HostAct,
+    queries: &[(usize, usize)],
+    visible: &(dyn Fn(usize) -> std::ops::Range<usize> + Sync),
+    p: &AttentionParams,
+    out: &mut HostAct,
+) {
+    let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
+    // (query row, KV head, key range) of every part, parts of one (query, head) adjacent.
+    let mut parts = Vec::new();
+    for (qi, &(_, pos)) in queries.iter().enumerate() {
+        let range = visible(pos);
+        for g in 0..p.n_kv_heads {
+            for start in range.clone().step_by(SPLIT_LEN) {
+                parts.push((qi, g, start..(start + SPLIT_LEN).min(range.end)));
+            }
+        }
+    }
+    // Each part leaves its unnormalised output, then its per-head maxima and sums.
+    let stride = group * hd + 2 * group;
+    let mut partials = vec![0f32; parts.len() * stride];
+    kiln_kernels::pool::for_each_chunk_mut(&mut partials, stride, 1, |i, slot_out| {
+        let (qi, g, ref range) = parts[i];
+        let (slot, _) = queries[qi];
+        let q_group = &q.row(qi)[g * group * hd..(g + 1) * group * hd];
+        let (acc, stats) = slot_out.split_at_mut(group * hd);
+        let part = attend(kv, slot, layer, g, q_group, range.clone(), p, acc);
+        stats[..group].copy_from_slice(&part.maxima[..group]);
+        stats[group..].copy_from_slice(&part.sums[..group]);
+    });
+    let mut i = 0;
+    while i < parts.len() {
+        let (qi, g, _) = parts[i];
+        let n = parts[i..]
+            .iter()
+            .take_while(|&&(q2, g2, _)| (q2, g2) == (qi, g))
+            .count();
+        let (slot, _) = queries[qi];
+        let (cell, codec) = kv.cell(slot, layer);
+        let out_group = &mut out.row_mut(qi)[g * group * hd..(g + 1) * group * hd];
+        for (h, out_head) in out_group.chunks_exact_mut(hd).enumerate() {
+            let part_stats = |k: usize| {
+                let st = &partials[(i + k) * stride + group * hd..(i + k + 1) * stride];
+                (st[h], st[group + h])
+            };
+            let max = (0..n)
+                .map(|k| part_stats(k).0)
+                .fold(f32::NEG_INFINITY, f32::max);
+            let mut denom = 0.0;
+            for k in 0..n {
+                let (m, sum) = part_stats(k);
+                let w = (m - max).exp();
+                denom += w * sum;
+                let acc = &partials[(i + k) * stride + h * hd..(i + k) * stride + (h + 1) * hd];
+                out_head.iter_mut().zip(acc).for_each(|(o, &a)| *o += w * a);
+            }
+            let inv = 1.0 / denom;
+            out_head.iter_mut().for_each(|o| *o *= inv);
+            if let Some((_, rv)) = rotations_of(cell, codec) {
+                rv.unrotate(out_head);
+            }
+        }
+        i += n;
+    }
+}
+
+/// What one (query, KV head, key range) computation leaves besides its output.
+struct Part<'a> {
+    /// Per query head of the group: the largest score.
+    maxima: [f32; MAX_GROUP],
+    /// Per query head: `Σ exp(score − max)`.
+    sums: [f32; MAX_GROUP],
+    /// The layer's TurboQuant rotations when its rows are rotated.
+    rotations: Option<(&'a TurboCodec, &'a TurboCodec)>,
+}
+
+/// Query heads per KV head this kernel serves (GQA groups of today's models are ≤ 16; the
+/// backend refuses larger ones before calling it).
+pub(crate) const MAX_GROUP: usize = 256;
+
+/// Only a converted cell holds rotated rows; before its conversion a TurboQuant layer attends
+/// densely like any other.
+fn rotations_of<'a>(
+    cell: &LayerCell,
+    codec: Option<&'a LayerCodec>,
+) -> Option<(&'a TurboCodec, &'a TurboCodec)> {
+    match cell.state {
+        KvLayerState::Quantized(_) => codec.and_then(|c| c.rotations()),
+        KvLayerState::Dense(_) => None,
+    }
+}
+
+/// Scores `q_group` (the group's query heads) against the keys of `range`, and accumulates
+/// `Σ exp(score − max) · value` per head into `out_group` (zeroed by the caller), unnormalised
+/// and, for a TurboQuant layer, still rotated.
+#[allow(clippy::too_many_arguments)]
+fn attend<'a>(
+    kv: &'a CpuKv,
+    slot: usize,
+    layer: usize,
+    g: usize,
+    q_group: &[f32],
+    range: std::ops::Range<usize>,
+    p: &AttentionParams,
+    out_group: &mut [f32],
+) -> Part<'a> {
+    let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
+    let (first, n) = (range.start, range.len());
+    let (cell, codec) = kv.cell(slot, layer);
+    let rotations = rotations_of(cell, codec);
+    let mut part = Part {
+        maxima: [f32::NEG_INFINITY; MAX_GROUP],
+        sums: [0.0; MAX_GROUP],
+        rotations,
+    };
+    SCRATCH.with(|cell_scratch| {
+        let scratch = &mut *cell_scratch.borrow_mut();
+        let Scratch {
+            scores,
+            tile,
+            query,
+        } = scratch;
+        query.clear();
+        query.extend_from_slice(q_group);
+        if let Some((rk, _)) = rotations {
+            query.chunks_exact_mut(hd).for_each(|h| rk.rotate(h));
+        }
+        scores.clear();
+        scores.resize(group * n, 0.0);
+        for t0 in (0..n).step_by(TILE) {
+            let len = TILE.min(n - t0);
+            let (rows, stride) = cell.keys(codec, g, first + t0, len, tile);
+            for jj in 0..len {
+                let kj = &rows[jj * stride..jj * stride + hd];
+                for h in 0..group {
+                    scores[h * n + t0 + jj] = dot(&query[h * hd..(h + 1) * hd], kj) * p.scale;
+                }
+            }
+        }
+        for h in 0..group {
+            let s = &mut scores[h * n..(h + 1) * n];
+            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            part.maxima[h] = max;
+            part.sums[h] = kiln_kernels::softmax::exp_shifted_in_place(s, max);
+        }
+        for t0 in (0..n).step_by(TILE) {
+            let len = TILE.min(n - t0);
+            let (rows, stride) = cell.values(codec, g, first + t0, len, tile);
+            for jj in 0..len {
+                let vj = &rows[jj * stride..jj * stride + hd];
+                for (h, out_head) in out_group.chunks_exact_mut(hd).enumerate() {
+                    let w = scores[h * n + t0 + jj];
+                    out_head.iter_mut().zip(vj).for_each(|(o, &x)| *o += w * x);
+                }
+            }
+        }
+    });
+    part
 }
 
 /// Per-thread buffers of the attention tasks, kept between calls: the transient is
@@ -143,4 +284,113 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         s += a[i] * b[i];
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{DenseKv, KvLayout, KvPlan, KvQuantFormat, KvStore};
+
+    fn noise(n: usize, seed: u64, amp: f32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * amp
+            })
+            .collect()
+    }
+
+    fn act(rows: usize, cols: usize, seed: u64, amp: f32) -> HostAct {
+        let mut a = HostAct::zeros(rows, cols);
+        a.data = noise(rows * cols, seed, amp);
+        a
+    }
+
+    /// The split (flash-decoding) path agrees with the one-task-per-head path, on dense,
+    /// affine and TurboQuant cells.
+    #[test]
+    fn split_decode_matches_the_unsplit_path() {
+        let (kvh, hd, n) = (3, 64, 700);
+        let p = AttentionParams {
+            n_heads: 9,
+            n_kv_heads: kvh,
+            head_dim: hd,
+            scale: 0.125,
+            window: None,
+        };
+        let layout = KvLayout {
+            n_layers: 1,
+            n_kv_heads: kvh,
+            head_dim: hd,
+            n_slots: 1,
+            capacity: 1024,
+        };
+        let formats = [
+            None,
+            Some(KvQuantFormat::Affine {
+                bits: 4,
+                group_size: 32,
+            }),
+            Some(KvQuantFormat::Turbo {
+                k_bits: 8,
+                v_bits: 3,
+            }),
+        ];
+        for format in formats {
+            let plan = KvPlan {
+                dense: DenseKv::F32,
+                quantized: vec![format],
+                start: 0,
+            };
+            let mut kv = CpuKv::planned(layout, &plan).unwrap();
+            let (k, v) = (act(n, kvh * hd, 1, 6.0), act(n, kvh * hd, 2, 4.0));
+            let q = act(n, 9 * hd, 3, 3.0);
+            attention(&mut kv, 0, &q, &k, &v, &BatchLayout::single(0, 0, n), &p);
+            kv.set_seq_len(0, n);
+            kv.convert_due(0).unwrap();
+            // Five queries take the per-head path, one takes the split path.
+            let tail = |rows: usize| {
+                let mut a = HostAct::zeros(rows, q.cols);
+                for r in 0..rows {
+                    a.row_mut(r).copy_from_slice(q.row(n - rows + r));
+                }
+                a
+            };
+            let pick = |x: &HostAct, rows: usize| {
+                let mut a = HostAct::zeros(rows, x.cols);
+                for r in 0..rows {
+                    a.row_mut(r).copy_from_slice(x.row(n - rows + r));
+                }
+                a
+            };
+            let five = attention(
+                &mut kv,
+                0,
+                &tail(5),
+                &pick(&k, 5),
+                &pick(&v, 5),
+                &BatchLayout::single(0, n - 5, 5),
+                &p,
+            );
+            let one = attention(
+                &mut kv,
+                0,
+                &tail(1),
+                &pick(&k, 1),
+                &pick(&v, 1),
+                &BatchLayout::single(0, n - 1, 1),
+                &p,
+            );
+            let worst = five
+                .row(4)
+                .iter()
+                .zip(one.row(0))
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-5, "{format:?}: split differs by {worst}");
+        }
+    }
 }

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use kiln_kernels::{GgmlType, QMatrix, QuantizedActivations};
 
+pub use attention::ATTENTION_TILE;
 pub use kv::CpuKv;
 
 use super::{
@@ -270,6 +271,15 @@ impl Backend for CpuBackend {
         params: &AttentionParams,
     ) -> Result<HostAct, ModelError> {
         let _timer = Timer::new(&self.attention_ns);
+        let group = params.n_heads / params.n_kv_heads.max(1);
+        if params.n_kv_heads == 0 || group > attention::MAX_GROUP {
+            return Err(ModelError::Forward(format!(
+                "{} query heads over {} KV heads: the CPU attention serves at most {} per KV head",
+                params.n_heads,
+                params.n_kv_heads,
+                attention::MAX_GROUP
+            )));
+        }
         Ok(attention::attention(kv, layer, q, k, v, batch, params))
     }
 
