@@ -83,7 +83,12 @@ impl KvArgs {
 
     /// Resolves the scheme for the model at `path` and checks that it applies to every layer.
     pub fn resolve(&self, path: &Path, cfg: &ModelConfig) -> Result<KvScheme> {
-        let kv_config = load_kv_config(path, cfg.num_layers)?;
+        // Only a scheme that can use `kv_config.json` reads it: `--kv-quant off` must work
+        // beside a broken file.
+        let kv_config = match self.kv_quant.as_deref() {
+            None | Some("config") => load_kv_config(path, cfg.num_layers)?,
+            Some(_) => None,
+        };
         let scheme = resolve_kv_scheme(&self.request(kv_config.as_deref())?)?;
         scheme.check_model(&KvModelShape::from_config(cfg), cfg.head_dim)?;
         Ok(scheme)

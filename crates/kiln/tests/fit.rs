@@ -216,3 +216,45 @@ fn fit_on_a_bad_file_names_it() {
     assert!(!err.contains("panicked"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A Hugging Face folder with a `kv_config.json`: used by default (spec §6.1's serial default),
+/// billed per layer, a broken file is an error naming the entry, and `--kv-quant off` ignores it.
+#[test]
+fn kv_config_json_is_the_default_scheme_and_is_validated() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/reference/tiny/gemma3-hd256");
+    let dir = tempfile::tempdir().expect("tempdir");
+    for f in ["config.json", "model.safetensors", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).expect("copy");
+    }
+    let model = dir.path().display().to_string();
+    let kv_config = dir.path().join("kv_config.json");
+    std::fs::write(
+        &kv_config,
+        r#"[{"layer_idx": 0, "bits": 8, "group_size": 64}, {"layer_idx": 2, "bits": 4}]"#,
+    )
+    .unwrap();
+    let v = json(&["fit", &model, "--memory-budget", "1", "--json"]);
+    assert_eq!(v["kv_scheme"], "config");
+    assert_eq!(v["kv_scheme_label"], "mixed (kv_config.json)");
+    // 4 layers, 1 KV head of 256: kv8-g64 544 + kv4-g64 288 + two dense f32 layers of 2048.
+    assert_eq!(v["kv_bytes_per_token"], 544 + 288 + 2 * 2048);
+    std::fs::write(&kv_config, r#"[{"layer_idx": 7, "bits": 4}]"#).unwrap();
+    let o = kiln(&["fit", &model, "--memory-budget", "1"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("entry 0: layer_idx 7 is out of range"),
+        "{err}"
+    );
+    let v = json(&[
+        "fit",
+        &model,
+        "--memory-budget",
+        "1",
+        "--json",
+        "--kv-quant",
+        "off",
+    ]);
+    assert_eq!(v["kv_scheme"], "f32");
+}
