@@ -35,8 +35,8 @@ fn log_softmax(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| v as f64 - lse).collect()
 }
 
-#[test]
-fn q4_1_path_is_within_llama_cpp_accuracy_of_the_dense_path() {
+/// KL and top-1 of the quantized path against the dense path over the first `n` tokens.
+fn quantized_vs_dense(n: Option<usize>) -> (f64, f64, f64, usize) {
     let path = starter_model();
     let files = ModelFiles::open(&path).expect("open");
     let tok = tokenizer_from_gguf(files.gguf().expect("gguf").header()).expect("tokenizer");
@@ -49,8 +49,9 @@ fn q4_1_path_is_within_llama_cpp_accuracy_of_the_dense_path() {
         "kl_text.txt tokenizes to 1057 tokens in transformers and llama.cpp"
     );
 
-    let dense = all_logits(true, &files, &tokens);
-    let quant = all_logits(false, &files, &tokens);
+    let tokens = &tokens[..n.unwrap_or(tokens.len()).min(tokens.len())];
+    let dense = all_logits(true, &files, tokens);
+    let quant = all_logits(false, &files, tokens);
     let vocab = files.config.vocab_size;
     let positions = tokens.len() - 1;
     let (mut kl_sum, mut agree, mut kl_max) = (0f64, 0usize, 0f64);
@@ -67,12 +68,80 @@ fn q4_1_path_is_within_llama_cpp_accuracy_of_the_dense_path() {
             agree += 1;
         }
     }
-    let mean_kl = kl_sum / positions as f64;
-    let top1 = agree as f64 / positions as f64;
+    (
+        kl_sum / positions as f64,
+        kl_max,
+        agree as f64 / positions as f64,
+        positions,
+    )
+}
+
+#[test]
+fn q4_1_path_is_within_llama_cpp_accuracy_of_the_dense_path() {
+    let (mean_kl, kl_max, top1, positions) = quantized_vs_dense(None);
+    let agree = (top1 * positions as f64).round() as usize;
     eprintln!(
         "quantized vs dense over {positions} positions: mean KL {mean_kl:.5}, max {kl_max:.4}, top-1 {agree}/{positions} = {:.2}%",
         top1 * 100.0
     );
     assert!(mean_kl <= 0.0028, "mean KL {mean_kl} > 0.0028");
     assert!(top1 >= 0.965, "top-1 agreement {top1} < 96.5%");
+}
+
+/// The same binary at every lower instruction-set level (`KILN_CPU_LEVEL`, as a machine without
+/// AVX-512 or AVX2 would run it): this test re-runs the one below in child processes, since the
+/// level is fixed once per process.
+#[test]
+fn accuracy_holds_at_every_forced_instruction_set_level() {
+    let exe = std::env::current_exe().expect("test binary");
+    let levels = kiln_kernels::supported_levels();
+    for level in levels
+        .iter()
+        .filter(|&&l| l < kiln_kernels::hardware_level())
+    {
+        let out = std::process::Command::new(&exe)
+            .args([
+                "--ignored",
+                "--exact",
+                "--nocapture",
+                "accuracy_at_the_level_in_the_environment",
+            ])
+            .env("KILN_CPU_LEVEL", level.name())
+            .output()
+            .expect("run the test binary");
+        let log = String::from_utf8_lossy(&out.stderr).into_owned()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "at {}: {log}", level.name());
+        assert!(
+            log.contains("1 passed"),
+            "at {}: the child ran no test: {log}",
+            level.name()
+        );
+        eprintln!(
+            "{}",
+            log.lines()
+                .find(|l| l.starts_with("level"))
+                .unwrap_or_default()
+        );
+    }
+}
+
+/// Run by the test above with `KILN_CPU_LEVEL` set; ignored on its own.
+#[test]
+#[ignore = "run by accuracy_holds_at_every_forced_instruction_set_level"]
+fn accuracy_at_the_level_in_the_environment() {
+    let wanted = std::env::var("KILN_CPU_LEVEL").expect("KILN_CPU_LEVEL");
+    assert_eq!(
+        kiln_kernels::cpu_level().name(),
+        wanted,
+        "the level was not forced"
+    );
+    // 300 tokens keep the f32 reference path short; the bars are the full test's.
+    let (mean_kl, kl_max, top1, positions) = quantized_vs_dense(Some(300));
+    eprintln!(
+        "level {wanted}: {positions} positions, mean KL {mean_kl:.5}, max {kl_max:.4}, top-1 {:.2}%",
+        top1 * 100.0
+    );
+    assert!(mean_kl <= 0.0028, "mean KL {mean_kl} > 0.0028 at {wanted}");
+    assert!(top1 >= 0.965, "top-1 {top1} < 96.5% at {wanted}");
 }
