@@ -8,28 +8,33 @@
 //! [`kvquant`] holds the row codecs of the quantized KV cache (affine and TurboQuant).
 
 pub mod blocks;
+pub mod dense;
 pub mod dequant;
 mod dequant_k;
 pub mod dot;
 pub mod error;
 pub mod exact;
+pub mod interleave;
 pub mod kvquant;
 pub mod level;
 pub mod matmul;
 pub mod pool;
 pub mod quantize;
 pub mod softmax;
+pub mod tile;
 pub mod types;
 
 pub use blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+pub use dense::{matmul_f32, matmul_f32_at};
 pub use dequant::dequantize_row;
 pub use dot::{dot_f32_at, vec_dot, vec_dot_at};
 pub use error::{KernelError, Result};
 pub use exact::matmul_f32_activations;
 pub use level::{CpuLevel, cpu_level, hardware_level, supported_levels};
-pub use matmul::{QMatrix, dequantize_matrix, matmul, matmul_f32};
+pub use matmul::{QMatrix, dequantize_matrix, matmul, matmul_at};
 pub use quantize::{
     ActFormat, ActRow, QuantizedActivations, quantize_row_q8_0, quantize_row_q8_1,
     quantize_row_q8_k,
 };
+pub use tile::{TOKEN_TILE, vec_dot_tile_at};
 pub use types::{GgmlType, QK, QK_K};

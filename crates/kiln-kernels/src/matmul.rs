@@ -1,11 +1,14 @@
 //! Matrix × activations driver: quantize activations once, then split weight rows across
 //! pool tasks, each task reading its weight rows once per token tile.
 
+use std::ops::Range;
+
 use crate::dequant::dequantize_unchecked;
-use crate::dot::{dot_f32_at, dot_unchecked};
+use crate::dot::dot_unchecked;
 use crate::error::{KernelError, Result};
-use crate::level::cpu_level;
+use crate::level::{CpuLevel, cpu_level};
 use crate::quantize::{ActFormat, ActRow, QuantizedActivations};
+use crate::tile::{TOKEN_TILE, needs_q8_0x4, tile_unchecked};
 use crate::types::GgmlType;
 
 /// A row-major weight matrix of `rows` rows, each `cols` elements of type `ty`, borrowed as
@@ -90,9 +93,6 @@ pub fn dequantize_matrix(w: &QMatrix<'_>) -> Vec<f32> {
 
 /// Smallest number of rows one pool task gets, so task overhead stays negligible.
 const MIN_ROWS_PER_TASK: usize = 64;
-/// Tokens processed per pass over a task's weight rows: their activations stay in L1 while
-/// the task's weight rows stay in L2.
-const TOKEN_TILE: usize = 8;
 
 pub(crate) fn check_len(what: &'static str, a: usize, b: usize, actual: usize) -> Result<()> {
     let expected = a.checked_mul(b).ok_or(KernelError::Overflow(what))?;
@@ -157,69 +157,58 @@ pub(crate) fn par_drive(
     pool.run(n_tasks, &task);
 }
 
-/// Like [`par_drive`], but `tile(r, t0, out)` computes row `r` against tokens `t0..t0 +
-/// out.len()` at once (at most [`TOKEN_TILE`] tokens).
-fn par_drive_tiles(
+/// Weight rows per call of a tile closure, which resolves the tile's activation rows once for
+/// all of them.
+const TILE_ROWS: usize = 16;
+
+/// Weight bytes a task sweeps once per token tile before moving to its next rows: small enough
+/// to be read from L2 by every tile (a large matrix, such as an f32 output head, would
+/// otherwise come from memory once per tile).
+const ROW_BLOCK_BYTES: usize = 256 << 10;
+
+/// Like [`par_drive`], but `tile(rs, ts, buf)` computes rows `rs` (at most [`TILE_ROWS`])
+/// against tokens `ts` (at most [`TOKEN_TILE`]) at once: `buf[i][k]` = row `rs.start + i`,
+/// token `ts.start + k`. `row_bytes` (the weight bytes of a row) sizes the row blocks.
+pub(crate) fn par_drive_tiles(
     rows: usize,
     n_tokens: usize,
+    row_bytes: usize,
     out: &mut [f32],
-    tile: impl Fn(usize, usize, &mut [f32]) + Sync,
+    tile: impl Fn(Range<usize>, Range<usize>, &mut [[f32; TOKEN_TILE]]) + Sync,
 ) {
     debug_assert_eq!(out.len(), rows * n_tokens);
     if rows == 0 || n_tokens == 0 {
         return;
     }
     let pool = crate::pool::global();
-    let per_task = rows.div_ceil(pool.threads() * 4).max(MIN_ROWS_PER_TASK / 4);
+    let per_task = rows.div_ceil(pool.threads() * 4).max(TILE_ROWS);
     let n_tasks = rows.div_ceil(per_task);
+    let block = (ROW_BLOCK_BYTES / row_bytes.max(1))
+        .max(1)
+        .next_multiple_of(TILE_ROWS);
     let ptr = OutPtr(out.as_mut_ptr());
     pool.run(n_tasks, &|c: usize| {
         let (r0, r1) = (c * per_task, ((c + 1) * per_task).min(rows));
-        let mut buf = [0f32; TOKEN_TILE];
-        let mut t0 = 0;
-        while t0 < n_tokens {
-            let t1 = (t0 + TOKEN_TILE).min(n_tokens);
-            for r in r0..r1 {
-                tile(r, t0, &mut buf[..t1 - t0]);
-                for (k, v) in buf[..t1 - t0].iter().enumerate() {
-                    // SAFETY: t0 + k < n_tokens and r < rows: in bounds of `out`; tasks own
-                    // disjoint row ranges.
-                    unsafe { *ptr.get().add((t0 + k) * rows + r) = *v };
+        let mut buf = [[0f32; TOKEN_TILE]; TILE_ROWS];
+        for b0 in (r0..r1).step_by(block) {
+            let b1 = (b0 + block).min(r1);
+            for t0 in (0..n_tokens).step_by(TOKEN_TILE) {
+                let t1 = (t0 + TOKEN_TILE).min(n_tokens);
+                for q0 in (b0..b1).step_by(TILE_ROWS) {
+                    let q1 = (q0 + TILE_ROWS).min(b1);
+                    let buf = &mut buf[..q1 - q0];
+                    tile(q0..q1, t0..t1, buf);
+                    for k in 0..t1 - t0 {
+                        for (i, v) in buf.iter().enumerate() {
+                            // SAFETY: t0 + k < n_tokens and q0 + i < rows: in bounds of
+                            // `out`; tasks own disjoint row ranges.
+                            unsafe { *ptr.get().add((t0 + k) * rows + q0 + i) = v[k] };
+                        }
+                    }
                 }
             }
-            t0 = t1;
         }
     });
-}
-
-/// One Q4_1 row against a tile of Q8_1 activation rows, through the AVX-512 tile kernel.
-#[cfg(target_arch = "x86_64")]
-fn q4_1_tile(row: &[u8], acts: &QuantizedActivations, t0: usize, out: &mut [f32]) {
-    use crate::dot::avx512::q4_1_q8_1_tile;
-    let w = row.as_chunks().0;
-    let a = |k: usize| match acts.row(t0 + k) {
-        Some(ActRow::Q8_1(blocks)) => blocks,
-        _ => &[],
-    };
-    macro_rules! tile {
-        ($n:literal) => {{
-            let rows: [&[crate::blocks::BlockQ8_1]; $n] = std::array::from_fn(a);
-            let mut res = [0f32; $n];
-            // SAFETY: only called when the CPU level is AVX-512.
-            unsafe { q4_1_q8_1_tile::<$n>(w, rows, &mut res) };
-            out.copy_from_slice(&res);
-        }};
-    }
-    match out.len() {
-        8 => tile!(8),
-        7 => tile!(7),
-        6 => tile!(6),
-        5 => tile!(5),
-        4 => tile!(4),
-        3 => tile!(3),
-        2 => tile!(2),
-        _ => tile!(1),
-    }
 }
 
 /// `out[t * rows + r] = dot(W row r, x row t)` for `x` of shape `[n_tokens, cols]`
@@ -232,10 +221,24 @@ pub fn matmul(
     out: &mut [f32],
     scratch: &mut QuantizedActivations,
 ) -> Result<()> {
+    matmul_at(cpu_level(), w, x, n_tokens, out, scratch)
+}
+
+/// [`matmul`] at an explicit level (clamped to what the CPU supports); tests use it to run
+/// every level's kernels through the driver. Several tokens go through the token tiles
+/// ([`crate::tile`]); one token through the row kernels of [`crate::vec_dot_at`].
+pub fn matmul_at(
+    level: CpuLevel,
+    w: &QMatrix<'_>,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    scratch: &mut QuantizedActivations,
+) -> Result<()> {
     check_len("matmul input x", n_tokens, w.cols, x.len())?;
     check_len("matmul output", n_tokens, w.rows, out.len())?;
     let format = ActFormat::for_weight(w.ty)?;
-    let level = cpu_level();
+    let level = level.clamp_to_hardware();
     let (ty, cols, rb, data) = (w.ty, w.cols, w.row_bytes, w.data);
     if format == ActFormat::F32 {
         // Float weights read the f32 activations in place; no copy into scratch.
@@ -250,40 +253,19 @@ pub fn matmul(
         return Ok(());
     }
     scratch.quantize_rows_into(w.ty, x, n_tokens)?;
+    if n_tokens > 1 && needs_q8_0x4(level, ty) {
+        scratch.prepare_q8_0x4();
+    }
     let scratch = &*scratch;
-    #[cfg(target_arch = "x86_64")]
-    if ty == GgmlType::Q4_1 && level >= crate::level::CpuLevel::Avx512 && n_tokens > 1 {
-        par_drive_tiles(w.rows, n_tokens, out, |r, t0, tile| {
-            q4_1_tile(&data[r * rb..(r + 1) * rb], scratch, t0, tile)
+    if n_tokens > 1 {
+        par_drive_tiles(w.rows, n_tokens, rb, out, |rs, ts, buf| {
+            tile_unchecked(level, ty, (data, rb), rs, scratch, ts, buf)
         });
         return Ok(());
     }
     par_drive(w.rows, n_tokens, out, |r, t| match scratch.row(t) {
         Some(act) => dot_unchecked(level, ty, &data[r * rb..(r + 1) * rb], act),
         None => 0.0,
-    });
-    Ok(())
-}
-
-/// Plain f32 matmul: `w` is `[rows, cols]`, `x` is `[n_tokens, cols]`, `out[t * rows + r]`.
-pub fn matmul_f32(
-    w: &[f32],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    n_tokens: usize,
-    out: &mut [f32],
-) -> Result<()> {
-    check_len("matmul_f32 weights", rows, cols, w.len())?;
-    check_len("matmul_f32 input x", n_tokens, cols, x.len())?;
-    check_len("matmul_f32 output", n_tokens, rows, out.len())?;
-    let level = cpu_level();
-    par_drive(rows, n_tokens, out, |r, t| {
-        dot_f32_at(
-            level,
-            &w[r * cols..(r + 1) * cols],
-            &x[t * cols..(t + 1) * cols],
-        )
     });
     Ok(())
 }

@@ -5,6 +5,9 @@ mod common;
 use common::*;
 use kiln_kernels::*;
 
+/// Checks `matmul` against per-row `vec_dot` at the process's level: bit for bit, except for
+/// several tokens through the AVX-512 Q8_0 / Q5_0 tiles, whose interleaved summation order
+/// differs from the row kernel's (there: 1e-5 of Σ|terms|; `tests/tile.rs` covers them).
 fn check_matmul(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, seed: u64) {
     let mut rng = Rng::new(seed);
     let data: Vec<u8> = (0..rows)
@@ -19,12 +22,32 @@ fn check_matmul(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, seed: u
     for t in 0..n_tokens {
         qa.quantize_into(ty, &x[t * cols..(t + 1) * cols]).unwrap();
         for r in 0..rows {
-            let want = vec_dot(ty, w.row(r).unwrap(), qa.row(0).unwrap()).unwrap();
-            assert_eq!(
-                out[t * rows + r].to_bits(),
-                want.to_bits(),
-                "{ty} r={r} t={t}"
-            );
+            let act = qa.row(0).unwrap();
+            let want = vec_dot(ty, w.row(r).unwrap(), act).unwrap();
+            let got = out[t * rows + r];
+            let interleaved = n_tokens > 1
+                && cpu_level() == CpuLevel::Avx512
+                && matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0);
+            if interleaved {
+                let mut wd = vec![0.0f32; cols];
+                dequantize_row(ty, w.row(r).unwrap(), &mut wd).unwrap();
+                let ActRow::Q8_0(blocks) = act else { panic!() };
+                let mag: f64 = wd
+                    .iter()
+                    .zip(
+                        blocks
+                            .iter()
+                            .flat_map(|b| b.qs.map(|q| b.d.to_f32() * q as f32)),
+                    )
+                    .map(|(&x, y)| (x as f64 * y as f64).abs())
+                    .sum();
+                assert!(
+                    (got as f64 - want as f64).abs() <= 1e-5 * mag,
+                    "{ty} r={r} t={t}"
+                );
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{ty} r={r} t={t}");
+            }
         }
     }
 }
@@ -47,27 +70,79 @@ fn matmul_equals_rowwise_dot() {
     check_matmul(GgmlType::BF16, 3, 40, 1, 11);
 }
 
+/// `matmul_f32` at every level, one token (row dots) and several (token tiles, with ragged
+/// last tiles and columns that leave a scalar tail): within 1e-5 of Σ|w·x| of the exact f64
+/// dot product.
 #[test]
 fn matmul_f32_matches_scalar() {
     let mut rng = Rng::new(12);
-    let (rows, cols, n) = (150, 77, 5);
-    let w: Vec<f32> = (0..rows * cols).map(|_| rng.sym()).collect();
-    let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
-    let mut out = vec![0.0; rows * n];
-    matmul_f32(&w, rows, cols, &x, n, &mut out).unwrap();
-    for t in 0..n {
-        for r in 0..rows {
-            let exact: f64 = (0..cols)
-                .map(|k| w[r * cols + k] as f64 * x[t * cols + k] as f64)
-                .sum();
-            let mag: f64 = (0..cols)
-                .map(|k| (w[r * cols + k] as f64 * x[t * cols + k] as f64).abs())
-                .sum();
-            assert!((out[t * rows + r] as f64 - exact).abs() <= 1e-5 * mag);
+    for (rows, cols) in [(150, 77), (40, 576)] {
+        let w: Vec<f32> = (0..rows * cols).map(|_| rng.sym()).collect();
+        for n in [1, 2, 5, 8, 9, 17] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
+            for level in supported_levels() {
+                let mut out = vec![f32::NAN; rows * n];
+                matmul_f32_at(level, &w, rows, cols, &x, n, &mut out).unwrap();
+                for t in 0..n {
+                    for r in 0..rows {
+                        let terms =
+                            (0..cols).map(|k| w[r * cols + k] as f64 * x[t * cols + k] as f64);
+                        let exact: f64 = terms.clone().sum();
+                        let mag: f64 = terms.map(f64::abs).sum();
+                        let got = out[t * rows + r] as f64;
+                        assert!(
+                            (got - exact).abs() <= 1e-5 * mag,
+                            "{level:?} {rows}x{cols} n={n} r={r} t={t}: {got} vs {exact}"
+                        );
+                    }
+                }
+            }
+        }
+        let x = vec![0.0; 5 * cols];
+        let mut out = vec![0.0; rows * 5];
+        assert!(matmul_f32(&w, rows, cols, &x, 5, &mut out[1..]).is_err());
+        assert!(matmul_f32(&w[1..], rows, cols, &x, 5, &mut out).is_err());
+    }
+}
+
+/// Speed of `matmul_f32` with 64 tokens (tiles) against 64 one-token calls (row dots), one
+/// thread, 576 × 576 and 1536 × 576. Run: `cargo test -p kiln-kernels --release --test matmul
+/// -- --ignored --nocapture bench_matmul_f32`.
+#[test]
+#[ignore]
+fn bench_matmul_f32() {
+    kiln_kernels::pool::set_threads(1);
+    let mut rng = Rng::new(16);
+    for (rows, cols) in [(576, 576), (1536, 576)] {
+        let w: Vec<f32> = (0..rows * cols).map(|_| rng.sym()).collect();
+        let n = 64;
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
+        let mut out = vec![0.0; rows * n];
+        for level in supported_levels() {
+            let best = |f: &mut dyn FnMut()| {
+                (0..5)
+                    .map(|_| {
+                        let t0 = std::time::Instant::now();
+                        f();
+                        t0.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::INFINITY, f64::min)
+            };
+            let row = best(&mut || {
+                for (xt, ot) in x.chunks_exact(cols).zip(out.chunks_exact_mut(rows)) {
+                    matmul_f32_at(level, &w, rows, cols, xt, 1, ot).unwrap();
+                }
+            });
+            let tile = best(&mut || matmul_f32_at(level, &w, rows, cols, &x, n, &mut out).unwrap());
+            let macs = (rows * cols * n) as f64;
+            println!(
+                "f32 {rows}x{cols} x {n} tokens {level:?}: row dots {:.2} GFLOP/s, tiles {:.2} GFLOP/s ({:.2}x)",
+                2.0 * macs / row / 1e9,
+                2.0 * macs / tile / 1e9,
+                row / tile
+            );
         }
     }
-    assert!(matmul_f32(&w, rows, cols, &x, n, &mut out[1..]).is_err());
-    assert!(matmul_f32(&w[1..], rows, cols, &x, n, &mut out).is_err());
 }
 
 #[test]
@@ -159,8 +234,8 @@ fn bench_q4_1_matmul() {
     }
 }
 
-/// The token-tiled prefill kernels (AVX-512 Q4_1) against the scalar reference, for every tile
-/// length 1..=8 and a ragged last tile; bit-equality with the row kernel is covered above.
+/// The Q4_1 token tiles against the scalar reference, for every tile length 1..=8 and a ragged
+/// last tile; bit-equality with the row kernel is covered above (other types: `tests/tile.rs`).
 #[test]
 fn tiled_prefill_matches_the_scalar_reference() {
     let (ty, rows, cols) = (GgmlType::Q4_1, 70, 17 * 32);

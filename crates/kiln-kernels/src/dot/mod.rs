@@ -1,8 +1,9 @@
 //! Dot products between one weight row and one activation row, with per-level dispatch.
 //!
 //! SIMD coverage: AVX2 for every type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, F32, F16,
-//! BF16); AVX-512 VNNI for Q4_1, Q8_0, Q4_K, Q5_K and Q6_K (other types at the AVX-512 level
-//! use their AVX2 kernel).
+//! BF16); AVX-512 VNNI for Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K (other types at the AVX-512
+//! level use their AVX2 kernel). Token tiles (one weight row × several tokens, for prefill)
+//! are in [`crate::tile`].
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
@@ -29,6 +30,22 @@ pub fn vec_dot_at(
     weight_row: &[u8],
     act: ActRow<'_>,
 ) -> Result<f32> {
+    check_dot_args(weight_ty, weight_row, act)?;
+    Ok(dot_unchecked(
+        level.clamp_to_hardware(),
+        weight_ty,
+        weight_row,
+        act,
+    ))
+}
+
+/// The checks of [`vec_dot_at`]: `act` has the format `weight_ty` pairs with, and
+/// `weight_row` holds exactly as many elements as `act`.
+pub(crate) fn check_dot_args(
+    weight_ty: GgmlType,
+    weight_row: &[u8],
+    act: ActRow<'_>,
+) -> Result<()> {
     let need_fmt = ActFormat::for_weight(weight_ty)?;
     if act.format() != need_fmt {
         return Err(KernelError::ActivationMismatch {
@@ -45,12 +62,7 @@ pub fn vec_dot_at(
             actual: weight_row.len(),
         });
     }
-    Ok(dot_unchecked(
-        level.clamp_to_hardware(),
-        weight_ty,
-        weight_row,
-        act,
-    ))
+    Ok(())
 }
 
 /// Dispatch without length checks. `level` must not exceed the hardware level (callers pass
@@ -98,6 +110,7 @@ fn dot_x86(level: CpuLevel, ty: GgmlType, w: &[u8], act: ActRow<'_>) -> Option<f
         if level >= CpuLevel::Avx512 {
             match (ty, act) {
                 (T::Q4_1, A::Q8_1(a)) => return Some(avx512::q4_1_q8_1(w.as_chunks().0, a)),
+                (T::Q5_0, A::Q8_0(a)) => return Some(avx512::q5_0_q8_0(w.as_chunks().0, a)),
                 (T::Q8_0, A::Q8_0(a)) => return Some(avx512::q8_0_q8_0(w.as_chunks().0, a)),
                 (T::Q4_K, A::Q8K(a)) => return Some(avx512::q4_k_q8_k(w.as_chunks().0, a)),
                 (T::Q5_K, A::Q8K(a)) => return Some(avx512::q5_k_q8_k(w.as_chunks().0, a)),
@@ -122,6 +135,14 @@ fn dot_x86(level: CpuLevel, ty: GgmlType, w: &[u8], act: ActRow<'_>) -> Option<f
             _ => return None,
         })
     }
+}
+
+/// Token-tile activation rows cut to the weight row's block count (or the shortest row's), as
+/// the row kernels' `zip` cuts them; returns that count.
+#[inline(always)]
+pub(crate) fn cut<'a, B, W, const N: usize>(w: &[W], a: [&'a [B]; N]) -> (usize, [&'a [B]; N]) {
+    let n = a.iter().fold(w.len(), |n, r| n.min(r.len()));
+    (n, a.map(|r| &r[..n]))
 }
 
 /// f32 dot product at `level` (clamped to the hardware), used for f32 weight matrices.

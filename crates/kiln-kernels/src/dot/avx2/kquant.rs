@@ -131,7 +131,7 @@ pub(crate) fn chunk_scales(v: __m256i, c: usize) -> __m256i {
 /// `maddubs` of 32 unsigned codes with 32 activations, then `madd` with the scale vector.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scaled_dot(q: __m256i, y: __m256i, scales: __m256i) -> __m256i {
+pub(super) fn scaled_dot(q: __m256i, y: __m256i, scales: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), scales)
 }
 
@@ -151,7 +151,7 @@ pub(crate) fn k4_min_sums(mins16: __m128i, y: &BlockQ8K) -> __m128i {
 /// Q4_K/Q5_K per-block setup: `(scales broadcast to both halves as i16, mins as i16)`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn k4_setup<const N: usize>(b: &[u8; N]) -> (__m256i, __m128i) {
+pub(super) fn k4_setup<const N: usize>(b: &[u8; N]) -> (__m256i, __m128i) {
     let (sc, mn) = k4_scales_mins_words(b);
     let sm = _mm256_cvtepu8_epi16(_mm_set_epi64x(mn as i64, sc as i64));
     (

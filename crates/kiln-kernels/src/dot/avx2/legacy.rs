@@ -37,7 +37,7 @@ pub(crate) fn bits_to_bytes(qh: u32) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn load32(p: &[i8; 32]) -> __m256i {
+pub(super) fn load32(p: &[i8; 32]) -> __m256i {
     // SAFETY: reads exactly the 32 bytes of `p`.
     unsafe { _mm256_loadu_si256(p.as_ptr().cast()) }
 }
@@ -46,7 +46,7 @@ fn load32(p: &[i8; 32]) -> __m256i {
 /// compile error rather than a runtime check.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn load32_at<const OFF: usize, const N: usize>(b: &[u8; N]) -> __m256i {
+pub(super) fn load32_at<const OFF: usize, const N: usize>(b: &[u8; N]) -> __m256i {
     const { assert!(OFF + 32 <= N) };
     // SAFETY: OFF + 32 <= N, checked at compile time.
     unsafe { _mm256_loadu_si256(b.as_ptr().add(OFF).cast()) }
@@ -72,7 +72,7 @@ pub(crate) fn dot_ss8(x: __m256i, y: __m256i) -> __m256 {
 
 /// The 16 `qs` bytes at `OFF` of a block (compile-time range check).
 #[inline(always)]
-fn qs16<const OFF: usize, const N: usize>(b: &[u8; N]) -> &[u8; 16] {
+pub(super) fn qs16<const OFF: usize, const N: usize>(b: &[u8; N]) -> &[u8; 16] {
     const { assert!(OFF + 16 <= N) };
     // SAFETY: OFF + 16 <= N, checked at compile time; [u8; 16] has alignment 1.
     unsafe { &*b.as_ptr().add(OFF).cast::<[u8; 16]>() }

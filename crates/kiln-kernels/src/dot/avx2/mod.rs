@@ -3,7 +3,8 @@
 //! so the float result differs from the scalar reference only by summation order.
 //!
 //! `legacy` holds the 32-element block types and the float types, `kquant` the 256-element
-//! K-quants (Q2_K..Q6_K × Q8_K).
+//! K-quants (Q2_K..Q6_K × Q8_K); `tile` and `tile_k` the token tiles of prefill (one weight
+//! row against several tokens) for Q4_1, Q5_0, Q8_0, Q4_K and Q6_K.
 //!
 //! Safety: every function here requires the CPU to support avx2, fma and f16c
 //! (i.e. [`crate::CpuLevel::Avx2`] or higher). Loads stay inside the fixed-size block
@@ -11,9 +12,13 @@
 
 mod kquant;
 mod legacy;
+mod tile;
+mod tile_k;
 
 pub use kquant::*;
 pub use legacy::*;
+pub use tile::*;
+pub use tile_k::*;
 
 pub(crate) use kquant::{bsums, hsum_ps128, k4_min_sums, k4_scales_mins_words, ld16, ld32};
 

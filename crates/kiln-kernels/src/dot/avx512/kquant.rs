@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 /// 64 activations starting at `off`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn y64(y: &BlockQ8K, off: usize) -> __m512i {
+pub(super) fn y64(y: &BlockQ8K, off: usize) -> __m512i {
     assert!(off + 64 <= 256);
     // SAFETY: off + 64 <= 256 = qs.len(), checked above.
     unsafe { _mm512_loadu_si512(y.qs.as_ptr().add(off).cast()) }
@@ -23,7 +23,7 @@ fn y64(y: &BlockQ8K, off: usize) -> __m512i {
 /// The 64 bytes at `off` of a block.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn ld64<const N: usize>(b: &[u8; N], off: usize) -> __m512i {
+pub(super) fn ld64<const N: usize>(b: &[u8; N], off: usize) -> __m512i {
     assert!(off + 64 <= N);
     // SAFETY: off + 64 <= N, checked above.
     unsafe { _mm512_loadu_si512(b.as_ptr().add(off).cast()) }
@@ -31,14 +31,14 @@ fn ld64<const N: usize>(b: &[u8; N], off: usize) -> __m512i {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn join(lo: __m256i, hi: __m256i) -> __m512i {
+pub(super) fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
 /// 32 packed bytes → 64 codes: low nibbles in bytes 0..32, high nibbles in 32..64.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn nibbles64(q: __m256i) -> __m512i {
+pub(super) fn nibbles64(q: __m256i) -> __m512i {
     _mm512_and_si512(join(q, _mm256_srli_epi16::<4>(q)), _mm512_set1_epi8(0x0F))
 }
 
@@ -46,7 +46,7 @@ fn nibbles64(q: __m256i) -> __m512i {
 /// every 128-bit lane of `s`, the low 256 bits get scale 2j, the high 256 bits scale 2j + 1.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn run_scales(s: __m512i, j: usize) -> __m512i {
+pub(super) fn run_scales(s: __m512i, j: usize) -> __m512i {
     let b = (4 * j) as i16;
     let pick = join(
         _mm256_set1_epi16(b | (b + 1) << 8),
@@ -58,7 +58,7 @@ fn run_scales(s: __m512i, j: usize) -> __m512i {
 /// Q4_K/Q5_K per-block setup: `(scales as i16 in every 128-bit lane, mins as i16)`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn k4_setup<const N: usize>(b: &[u8; N]) -> (__m512i, __m128i) {
+pub(super) fn k4_setup<const N: usize>(b: &[u8; N]) -> (__m512i, __m128i) {
     let (sc, mn) = k4_scales_mins_words(b);
     let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
     let mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
@@ -68,7 +68,7 @@ fn k4_setup<const N: usize>(b: &[u8; N]) -> (__m512i, __m128i) {
 /// One 64-weight run: `sumi += scales · maddubs(x, y)` pairwise, in i32.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn run_dot(sumi: __m512i, x: __m512i, y: __m512i, scales: __m512i) -> __m512i {
+pub(super) fn run_dot(sumi: __m512i, x: __m512i, y: __m512i, scales: __m512i) -> __m512i {
     _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(x, y), scales)
 }
 
@@ -131,7 +131,7 @@ pub fn q5_k_q8_k(w: &[[u8; Q5_K_BYTES]], a: &[BlockQ8K]) -> f32 {
 /// scales as i16 in the low 256 bits of `s`, 128-bit lane k gets scale g + k.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn group_scales(s: __m512i, g: usize) -> __m512i {
+pub(super) fn group_scales(s: __m512i, g: usize) -> __m512i {
     let lanes = _mm512_setr_epi32(
         0, 0, 0, 0, 0x1_0001, 0x1_0001, 0x1_0001, 0x1_0001, 0x2_0002, 0x2_0002, 0x2_0002, 0x2_0002,
         0x3_0003, 0x3_0003, 0x3_0003, 0x3_0003,

@@ -1,4 +1,4 @@
-//! AVX-512 VNNI kernels for Q4_1 × Q8_1 and Q8_0 × Q8_0. Two 32-element blocks go through
+//! AVX-512 VNNI kernels for Q4_1 × Q8_1, Q5_0 × Q8_0 and Q8_0 × Q8_0. Two 32-element blocks go through
 //! one 512-bit `vpdpbusd` (u8 × i8 → i32, no intermediate i16 saturation); the per-block
 //! scales are applied as a lane-blended scale vector with FMA. An odd trailing block uses the
 //! AVX2 kernel.
@@ -148,6 +148,40 @@ pub fn q8_0_q8_0(w: &[[u8; Q8_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
         acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
     }
     _mm512_reduce_add_ps(acc) + avx2::q8_0_q8_0(wt, at)
+}
+
+/// Q5_0 × Q8_0. A weight is `nibble + 16·bit - 16`: where the 5th bit is set it is the
+/// nibble itself (≥ 0), elsewhere `nibble - 16` (< 0, magnitude `16 - nibble`), so the block
+/// pair's 64 `qh` bits are directly the mask of non-negative weights.
+///
+/// # Safety
+/// The CPU must support the [`crate::CpuLevel::Avx512`] feature set.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub fn q5_0_q8_0(w: &[[u8; Q5_0_BYTES]], a: &[BlockQ8_0]) -> f32 {
+    let n = w.len().min(a.len());
+    let (w2, wt) = w[..n].as_chunks::<2>();
+    let (a2, at) = a[..n].as_chunks::<2>();
+    let mut acc = _mm512_setzero_ps();
+    let zero = _mm512_setzero_si512();
+    let sixteen = _mm512_set1_epi8(16);
+    for ([b0, b1], [y0, y1]) in w2.iter().zip(a2) {
+        let nib = join(avx2::nibbles(q5_0_qs(b0)), avx2::nibbles(q5_0_qs(b1)));
+        let pos = u32_at(b0, 2) as u64 | (u32_at(b1, 2) as u64) << 32;
+        let ax = _mm512_mask_blend_epi8(pos, _mm512_sub_epi8(sixteen, nib), nib);
+        let y = load_pair(&y0.qs, &y1.qs);
+        let sy = _mm512_mask_sub_epi8(y, !pos, zero, y);
+        let p = _mm512_dpbusd_epi32(zero, ax, sy);
+        let d = scales(f16c_at(b0, 0) * f16c(y0.d), f16c_at(b1, 0) * f16c(y1.d));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
+    }
+    _mm512_reduce_add_ps(acc) + avx2::q5_0_q8_0(wt, at)
+}
+
+/// The 16 packed nibble bytes of a Q5_0 block.
+#[inline(always)]
+fn q5_0_qs(b: &[u8; Q5_0_BYTES]) -> &[u8; 16] {
+    // Constant bounds inside a fixed-size array: the check folds away.
+    b[6..22].try_into().expect("bytes 6..22 of a 22-byte block")
 }
 
 /// Q4_1 weights × `N` Q8_1 activation rows (a token tile): each weight pair is unpacked once

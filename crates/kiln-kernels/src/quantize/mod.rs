@@ -11,8 +11,16 @@
 
 use crate::blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 use crate::error::{KernelError, Result};
+use crate::interleave::{BlockQ8_0x4, pack_row_q8_0x4, x4_groups};
+use crate::level::{CpuLevel, cpu_level};
+
+mod round;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
 use crate::types::{GgmlType, QK, QK_K};
 use half::f16;
+use round::{block_amax, round_block};
 
 /// Activation format that a weight type's dot product consumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -72,7 +80,7 @@ fn check_blocks(what: &'static str, x_len: usize, blocks: usize, per: usize) -> 
 
 /// ggml's `MAX(a, b)` macro: `a > b ? a : b` (NaN handling included).
 #[inline(always)]
-fn c_max(a: f32, b: f32) -> f32 {
+pub(super) fn c_max(a: f32, b: f32) -> f32 {
     if a > b { a } else { b }
 }
 
@@ -80,13 +88,11 @@ fn c_max(a: f32, b: f32) -> f32 {
 pub fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) -> Result<()> {
     check_blocks("quantize_row_q8_0 input", x.len(), y.len(), QK)?;
     for (xb, yb) in x.chunks_exact(QK).zip(y.iter_mut()) {
-        let amax = xb.iter().fold(0.0f32, |m, v| c_max(m, v.abs()));
+        let amax = block_amax(xb);
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         yb.d = f16::from_f32(d);
-        for (q, &v) in yb.qs.iter_mut().zip(xb) {
-            *q = (v * id).round() as i8;
-        }
+        round_block(xb, amax, id, &mut yb.qs);
     }
     Ok(())
 }
@@ -96,18 +102,42 @@ pub fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) -> Result<()> {
 pub fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) -> Result<()> {
     check_blocks("quantize_row_q8_1 input", x.len(), y.len(), QK)?;
     for (xb, yb) in x.chunks_exact(QK).zip(y.iter_mut()) {
-        let amax = xb.iter().fold(0.0f32, |m, v| c_max(m, v.abs()));
+        let amax = block_amax(xb);
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         yb.d = f16::from_f32(d);
-        let mut sum: i32 = 0;
-        for (q, &v) in yb.qs.iter_mut().zip(xb) {
-            *q = (v * id).round() as i8;
-            sum += *q as i32;
-        }
+        round_block(xb, amax, id, &mut yb.qs);
+        let sum: i32 = yb.qs.iter().map(|&q| q as i32).sum();
         yb.s = f16::from_f32(sum as f32 * d);
     }
     Ok(())
+}
+
+/// [`quantize_row_q8_0`] at `level` (clamped to the hardware): the AVX2 quantizer from
+/// [`CpuLevel::Avx2`] up, with the same bytes.
+pub(crate) fn quantize_q8_0_at(level: CpuLevel, x: &[f32], y: &mut [BlockQ8_0]) -> Result<()> {
+    check_blocks("quantize_row_q8_0 input", x.len(), y.len(), QK)?;
+    #[cfg(target_arch = "x86_64")]
+    if level.clamp_to_hardware() >= CpuLevel::Avx2 {
+        // SAFETY: the clamped level guarantees avx2, fma and f16c.
+        unsafe { x86::q8_0(x, y) };
+        return Ok(());
+    }
+    let _ = level;
+    quantize_row_q8_0(x, y)
+}
+
+/// [`quantize_row_q8_1`] at `level` (clamped to the hardware), as [`quantize_q8_0_at`].
+pub(crate) fn quantize_q8_1_at(level: CpuLevel, x: &[f32], y: &mut [BlockQ8_1]) -> Result<()> {
+    check_blocks("quantize_row_q8_1 input", x.len(), y.len(), QK)?;
+    #[cfg(target_arch = "x86_64")]
+    if level.clamp_to_hardware() >= CpuLevel::Avx2 {
+        // SAFETY: the clamped level guarantees avx2, fma and f16c.
+        unsafe { x86::q8_1(x, y) };
+        return Ok(());
+    }
+    let _ = level;
+    quantize_row_q8_1(x, y)
 }
 
 /// ggml's `nearest_int`: adding 1.5·2^23 pushes the fraction out of the mantissa, so the FPU's
@@ -195,6 +225,9 @@ pub struct QuantizedActivations {
     q8_0: Vec<BlockQ8_0>,
     q8_1: Vec<BlockQ8_1>,
     q8k: Vec<BlockQ8K>,
+    /// Interleaved copy of the Q8_0 rows for the AVX-512 tiles, built on demand.
+    q8_0x4: Vec<BlockQ8_0x4>,
+    x4_ready: bool,
 }
 
 impl Default for QuantizedActivations {
@@ -214,6 +247,8 @@ impl QuantizedActivations {
             q8_0: Vec::new(),
             q8_1: Vec::new(),
             q8k: Vec::new(),
+            q8_0x4: Vec::new(),
+            x4_ready: false,
         }
     }
 
@@ -262,6 +297,7 @@ impl QuantizedActivations {
         self.n_rows = 0;
         self.cols = 0;
         self.format = format;
+        self.x4_ready = false;
         match format {
             ActFormat::F32 => {
                 self.f32s.clear();
@@ -269,11 +305,11 @@ impl QuantizedActivations {
             }
             ActFormat::Q8_0 => {
                 self.q8_0.resize(total, BlockQ8_0::default());
-                quantize_row_q8_0(x, &mut self.q8_0[..total])?;
+                quantize_q8_0_at(cpu_level(), x, &mut self.q8_0[..total])?;
             }
             ActFormat::Q8_1 => {
                 self.q8_1.resize(total, BlockQ8_1::default());
-                quantize_row_q8_1(x, &mut self.q8_1[..total])?;
+                quantize_q8_1_at(cpu_level(), x, &mut self.q8_1[..total])?;
             }
             ActFormat::Q8K => {
                 self.q8k.resize(total, BlockQ8K::default());
@@ -283,6 +319,59 @@ impl QuantizedActivations {
         self.n_rows = n_rows;
         self.cols = cols;
         Ok(())
+    }
+
+    /// Builds the interleaved copy of Q8_0 rows that the AVX-512 Q8_0 / Q5_0 tiles read
+    /// (see [`crate::interleave`]); does nothing for other formats or if already built.
+    pub(crate) fn prepare_q8_0x4(&mut self) {
+        if self.x4_ready || self.format != ActFormat::Q8_0 {
+            return;
+        }
+        let per = self.cols / QK;
+        let groups = x4_groups(per);
+        self.q8_0x4
+            .resize(groups * self.n_rows, BlockQ8_0x4::default());
+        if per > 0 {
+            let src = self.q8_0[..per * self.n_rows].chunks_exact(per);
+            for (s, d) in src.zip(self.q8_0x4.chunks_exact_mut(groups)) {
+                pack_row_q8_0x4(s, d);
+            }
+        }
+        self.x4_ready = true;
+    }
+
+    /// Row `t` of the interleaved copy, or `None` if it is not built or `t` is out of range.
+    pub(crate) fn row_q8_0x4(&self, t: usize) -> Option<&[BlockQ8_0x4]> {
+        if !self.x4_ready || t >= self.n_rows {
+            return None;
+        }
+        let groups = x4_groups(self.cols / QK);
+        self.q8_0x4.get(t * groups..(t + 1) * groups)
+    }
+
+    /// A buffer holding copies of `rows`, which must share one format and length (callers
+    /// check; a row of another length or format is dropped, and later rows shift up).
+    pub(crate) fn from_rows(rows: &[ActRow<'_>]) -> Self {
+        let mut s = Self::new();
+        let Some(first) = rows.first() else {
+            return s;
+        };
+        let (format, cols) = (first.format(), first.n_elems());
+        for r in rows {
+            if r.format() != format || r.n_elems() != cols {
+                continue;
+            }
+            match *r {
+                ActRow::F32(v) => s.f32s.extend_from_slice(v),
+                ActRow::Q8_0(v) => s.q8_0.extend_from_slice(v),
+                ActRow::Q8_1(v) => s.q8_1.extend_from_slice(v),
+                ActRow::Q8K(v) => s.q8k.extend_from_slice(v),
+            }
+            s.n_rows += 1;
+        }
+        s.format = format;
+        s.cols = cols;
+        s
     }
 
     /// Row `t` of the held activations, or `None` if out of range.
@@ -300,3 +389,6 @@ impl QuantizedActivations {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;
