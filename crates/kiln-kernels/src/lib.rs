@@ -7,6 +7,7 @@
 //!
 //! [`kvquant`] holds the row codecs of the quantized KV cache (affine and TurboQuant).
 
+pub mod attn_tile;
 pub mod blocks;
 pub mod dense;
 pub mod dequant;

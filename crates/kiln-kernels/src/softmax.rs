@@ -5,6 +5,13 @@
 /// `s[i] = exp(s[i] - max)` for every element; returns the sum. Relative error ≤ 3e-7 (2.5 ulp) for
 /// arguments in [-87, 0] (those below flush to 0, which is what the softmax wants).
 pub fn exp_shifted_in_place(s: &mut [f32], max: f32) -> f32 {
+    exp_shifted_lanes(s, max)
+}
+
+/// The body of [`exp_shifted_in_place`], inlined into each instruction-set variant
+/// (`attn_tile::exp_shifted_in_place_at`).
+#[inline(always)]
+pub(crate) fn exp_shifted_lanes(s: &mut [f32], max: f32) -> f32 {
     let mut sum = [0f32; 8];
     let mut chunks = s.chunks_exact_mut(8);
     for c in &mut chunks {

@@ -7,6 +7,7 @@
 //! TurboQuant layers keep keys and values in a rotated space: the query is rotated in, scores
 //! are rotation-invariant, and the output is rotated back once per head.
 
+use kiln_kernels::attn_tile::{self, Tile};
 use kiln_kernels::kvquant::turbo::TurboCodec;
 
 use super::kv::CpuKv;
@@ -222,32 +223,34 @@ fn attend<'a>(
         }
         scores.clear();
         scores.resize(group * n, 0.0);
+        let level = kiln_kernels::cpu_level();
         for t0 in (0..n).step_by(TILE) {
             let len = TILE.min(n - t0);
             let (rows, stride) = cell.keys(codec, g, first + t0, len, tile);
-            for jj in 0..len {
-                let kj = &rows[jj * stride..jj * stride + hd];
-                for h in 0..group {
-                    scores[h * n + t0 + jj] = dot(&query[h * hd..(h + 1) * hd], kj) * p.scale;
-                }
-            }
+            let t = Tile {
+                rows,
+                stride,
+                len,
+                head_dim: hd,
+            };
+            attn_tile::tile_scores(level, query, t, p.scale, scores, n, t0);
         }
         for h in 0..group {
             let s = &mut scores[h * n..(h + 1) * n];
             let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             part.maxima[h] = max;
-            part.sums[h] = kiln_kernels::softmax::exp_shifted_in_place(s, max);
+            part.sums[h] = attn_tile::exp_shifted_in_place_at(level, s, max);
         }
         for t0 in (0..n).step_by(TILE) {
             let len = TILE.min(n - t0);
             let (rows, stride) = cell.values(codec, g, first + t0, len, tile);
-            for jj in 0..len {
-                let vj = &rows[jj * stride..jj * stride + hd];
-                for (h, out_head) in out_group.chunks_exact_mut(hd).enumerate() {
-                    let w = scores[h * n + t0 + jj];
-                    out_head.iter_mut().zip(vj).for_each(|(o, &x)| *o += w * x);
-                }
-            }
+            let t = Tile {
+                rows,
+                stride,
+                len,
+                head_dim: hd,
+            };
+            attn_tile::tile_weighted_sum(level, scores, n, t0, t, out_group);
         }
     });
     part
@@ -267,23 +270,6 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
-}
-
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight partial sums let the compiler vectorise without -ffast-math.
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8 * 8;
-    for (ca, cb) in a[..chunks].chunks_exact(8).zip(b[..chunks].chunks_exact(8)) {
-        for i in 0..8 {
-            acc[i] += ca[i] * cb[i];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for i in chunks..a.len() {
-        s += a[i] * b[i];
-    }
-    s
 }
 
 #[cfg(test)]
