@@ -75,7 +75,7 @@ pub fn exp_shifted_in_place_at(level: CpuLevel, s: &mut [f32], max: f32) -> f32 
 fn check(tile: &Tile<'_>, group_len: usize, scores_len: usize, n: usize, offset: usize) {
     let hd = tile.head_dim;
     assert!(
-        hd > 0 && group_len % hd == 0,
+        hd > 0 && group_len.is_multiple_of(hd),
         "query heads must be whole rows"
     );
     assert!(scores_len >= (group_len / hd) * n && offset + tile.len <= n);
