@@ -77,7 +77,7 @@ impl KvGeometry {
     pub fn new(cfg: &ModelConfig, scheme: &KvScheme, cap_sliding: bool) -> Self {
         let shape = KvModelShape::from_config(cfg);
         let (kvh, hd) = (cfg.num_kv_heads, cfg.head_dim);
-        let dense = 2 * (kvh * hd) as u64 * scheme.options.dense.bytes();
+        let dense = 2 * (kvh * hd * scheme.options.dense.bytes()) as u64;
         let layers = (0..cfg.num_layers)
             .map(|l| {
                 let stored = match scheme.layer_quant(l) {

@@ -17,7 +17,7 @@ pub use batchable::{BatchCapabilities, KvLayerKind, KvModelShape};
 pub use config_file::{KV_CONFIG_FILE, load_kv_config, parse_kv_config};
 pub use resolve::{KvQuantOverride, KvSchemeRequest, MissingConfig, resolve_kv_scheme};
 
-use kiln_model::backend::{DenseKv, KvPlan, KvQuantFormat};
+use kiln_model::backend::{KvPlan, KvQuantFormat};
 
 /// Bits an affine (MLX-convention) KV quantization may use: the spec's `kvBits ∈ {4, 8}` and
 /// optiq's knapsack candidates. Widening this set needs storage kernels for the new widths.
@@ -88,56 +88,9 @@ pub enum KvSchemeError {
     },
 }
 
-/// The storage dtype of a dense cache (and of every layer before its conversion).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DenseDtype {
-    /// 4 bytes per element: what `CpuKv` stores.
-    #[default]
-    F32,
-    /// 2 bytes per element.
-    F16,
-    /// 2 bytes per element; the seed's only dense kind.
-    Bf16,
-}
-
-impl DenseDtype {
-    /// Bytes per stored element.
-    pub fn bytes(self) -> u64 {
-        match self {
-            Self::F32 => 4,
-            Self::F16 | Self::Bf16 => 2,
-        }
-    }
-
-    /// The dtype's name, which is also the dense scheme's cache key and label.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::F16 => "f16",
-            Self::Bf16 => "bf16",
-        }
-    }
-
-    /// Parses `f32`, `f16` or `bf16`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "f32" => Some(Self::F32),
-            "f16" => Some(Self::F16),
-            "bf16" => Some(Self::Bf16),
-            _ => None,
-        }
-    }
-
-    /// The backend's name for it.
-    pub fn storage(self) -> DenseKv {
-        match self {
-            Self::F32 => DenseKv::F32,
-            Self::F16 => DenseKv::F16,
-            Self::Bf16 => DenseKv::Bf16,
-        }
-    }
-}
+/// The storage dtype of a dense cache (and of every layer before its conversion): the
+/// backend's own type, so the scheme and the store cannot disagree about it.
+pub use kiln_model::backend::DenseKv as DenseDtype;
 
 /// The scheme kinds of spec §6.1; the seed's `bf16` is kiln's [`KvSchemeKind::Dense`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -339,7 +292,7 @@ impl KvScheme {
             })
             .collect();
         KvPlan {
-            dense: self.options.dense.storage(),
+            dense: self.options.dense,
             quantized,
             start: match self.kind {
                 KvSchemeKind::Dense => 0,

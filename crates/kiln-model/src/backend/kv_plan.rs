@@ -4,8 +4,9 @@
 
 use crate::ModelError;
 
-/// Storage of a dense layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Storage of a dense layer. Its name is also the dense KV scheme's cache key and label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DenseKv {
     /// 4 bytes per element: exactly the activations.
     #[default]
@@ -31,6 +32,16 @@ impl DenseKv {
             Self::F32 => "f32",
             Self::F16 => "f16",
             Self::Bf16 => "bf16",
+        }
+    }
+
+    /// Parses `f32`, `f16` or `bf16`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "f32" => Some(Self::F32),
+            "f16" => Some(Self::F16),
+            "bf16" => Some(Self::Bf16),
+            _ => None,
         }
     }
 }
