@@ -88,7 +88,9 @@ impl<B: Backend> Engine<B> {
     /// Runs the configured tests and returns one result per test.
     pub fn bench(&mut self, cfg: &BenchConfig) -> Result<Vec<BenchResult>, EngineError> {
         let mut results = vec![];
-        let need = cfg.depth + cfg.prompt_tokens.max(cfg.gen_tokens);
+        let need = cfg
+            .depth
+            .saturating_add(cfg.prompt_tokens.max(cfg.gen_tokens));
         if need > self.options().context_len {
             return Err(EngineError::Request(format!(
                 "depth {} + pp{} / tg{} does not fit the {}-token context",

@@ -30,7 +30,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         repetitions: args.repetitions.max(1),
         depth: args.depth,
     };
-    let ctx = (args.depth + cfg.prompt_tokens.max(cfg.gen_tokens)).max(16);
+    let ctx = args
+        .depth
+        .saturating_add(cfg.prompt_tokens.max(cfg.gen_tokens))
+        .max(16);
     let mut rows = vec![];
     for &t in &threads {
         set_threads(Some(t))?;
