@@ -120,6 +120,39 @@ pub(crate) fn scales16_even_odd(s: __m128i, signed: bool) -> __m256i {
     }
 }
 
+/// The four 32-code vectors (unsigned 6-bit values) of half `h` of a Q6_K block: low nibbles
+/// from `ql`, high pairs from `qh`. Shared by the row and the token-tile kernels.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn q6k_codes(b: &[u8; Q6_K_BYTES], h: usize) -> [__m256i; 4] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(0x03);
+    let m12 = _mm256_set1_epi8(0x0C);
+    let m48 = _mm256_set1_epi8(0x30);
+    let m192 = _mm256_set1_epi8(0xC0u8 as i8);
+    let ql0 = ld32(b, 64 * h);
+    let ql1 = ld32(b, 64 * h + 32);
+    let qh = ld32(b, 128 + 32 * h);
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(ql0, m4),
+            _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(ql1, m4),
+            _mm256_slli_epi16::<2>(_mm256_and_si256(qh, m12)),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+            _mm256_and_si256(qh, m48),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+            _mm256_srli_epi16::<2>(_mm256_and_si256(qh, m192)),
+        ),
+    ]
+}
+
 /// Broadcasts i16 lane `c` of each 128-bit half of `v` over that half.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -315,11 +348,6 @@ pub fn q5_k_q8_k(w: &[[u8; Q5_K_BYTES]], a: &[BlockQ8K]) -> f32 {
 /// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn q6_k_q8_k(w: &[[u8; Q6_K_BYTES]], a: &[BlockQ8K]) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m3 = _mm256_set1_epi8(0x03);
-    let m12 = _mm256_set1_epi8(0x0C);
-    let m48 = _mm256_set1_epi8(0x30);
-    let m192 = _mm256_set1_epi8(0xC0u8 as i8);
     let mut acc = _mm256_setzero_ps();
     for (b, y) in w.iter().zip(a) {
         let d = _mm256_set1_ps(y.d * f16c_at(b, 208));
@@ -328,27 +356,7 @@ pub fn q6_k_q8_k(w: &[[u8; Q6_K_BYTES]], a: &[BlockQ8K]) -> f32 {
         let offset = _mm256_madd_epi16(_mm256_cvtepi8_epi16(raw), bsums(y));
         let mut sumi = _mm256_setzero_si256();
         for h in 0..2 {
-            let ql0 = ld32(b, 64 * h);
-            let ql1 = ld32(b, 64 * h + 32);
-            let qh = ld32(b, 128 + 32 * h);
-            let qs = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, m4),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, m4),
-                    _mm256_slli_epi16::<2>(_mm256_and_si256(qh, m12)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                    _mm256_and_si256(qh, m48),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                    _mm256_srli_epi16::<2>(_mm256_and_si256(qh, m192)),
-                ),
-            ];
+            let qs = q6k_codes(b, h);
             for (t, q) in qs.into_iter().enumerate() {
                 let c = 4 * h + t;
                 let sd = scaled_dot(q, y32(y, 32 * c), chunk_scales(scales, c));

@@ -6,7 +6,7 @@
 //! its order, so `out[t]` is bit-identical to the row kernel on `a[t]`.
 
 use super::kquant::{bsums, chunk_scales, hsum_ps128, k4_min_sums, k4_setup, ld16, ld32, y32};
-use super::kquant::{scaled_dot, scales16_even_odd};
+use super::kquant::{q6k_codes, scaled_dot, scales16_even_odd};
 use super::{f16c_at, hsum_ps};
 use crate::blocks::*;
 use crate::dot::cut;
@@ -67,11 +67,6 @@ pub fn q6_k_q8_k_tile<const N: usize>(
     a: [&[BlockQ8K]; N],
     out: &mut [f32; N],
 ) {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m3 = _mm256_set1_epi8(0x03);
-    let m12 = _mm256_set1_epi8(0x0C);
-    let m48 = _mm256_set1_epi8(0x30);
-    let m192 = _mm256_set1_epi8(0xC0u8 as i8);
     let (n, a) = cut(w, a);
     let mut acc = [_mm256_setzero_ps(); N];
     for (i, b) in w[..n].iter().enumerate() {
@@ -81,27 +76,7 @@ pub fn q6_k_q8_k_tile<const N: usize>(
         let s16 = _mm256_cvtepi8_epi16(raw);
         let mut sumi = [_mm256_setzero_si256(); N];
         for h in 0..2 {
-            let ql0 = ld32(b, 64 * h);
-            let ql1 = ld32(b, 64 * h + 32);
-            let qh = ld32(b, 128 + 32 * h);
-            let qs = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, m4),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, m4),
-                    _mm256_slli_epi16::<2>(_mm256_and_si256(qh, m12)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                    _mm256_and_si256(qh, m48),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                    _mm256_srli_epi16::<2>(_mm256_and_si256(qh, m192)),
-                ),
-            ];
+            let qs = q6k_codes(b, h);
             for (k, q) in qs.into_iter().enumerate() {
                 let c = 4 * h + k;
                 let sc = chunk_scales(scales, c);
