@@ -7,6 +7,7 @@
 //!
 //! [`kvquant`] holds the row codecs of the quantized KV cache (affine and TurboQuant).
 
+pub mod attn_block;
 pub mod attn_tile;
 pub mod blocks;
 pub mod dense;
@@ -21,6 +22,7 @@ pub mod level;
 pub mod matmul;
 pub mod pool;
 pub mod quantize;
+pub mod repack;
 pub mod softmax;
 pub mod tile;
 pub mod types;

@@ -28,8 +28,8 @@ fn smollm2_transient(chunk: u64, ctx: u64) -> u64 {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let layer = c * (5 * 576 + 2 * 576 + 2 * 192 + 3 * 1536) * 4 + c * 24 + 49152 * 4;
     let after = c * 576 * 4 + 2 * 576 * 4 + 3 * 49152 * 4;
-    let scratch = (c * 1536 * 1876).div_ceil(256);
-    let scores = threads * (3 * ctx + 64 * 64 + 3 * 64) * 4;
+    let scratch = (c * 1536 * 2292).div_ceil(256);
+    let scores = threads * (48 * (ctx + 16) + 2 * 64 * 64 + 2 * 48 * 64 + 48) * 4;
     scratch + scores + layer.max(after)
 }
 

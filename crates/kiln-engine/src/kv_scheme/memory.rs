@@ -183,8 +183,8 @@ impl KvGeometry {
 
 /// Bytes the CPU backend allocates besides weights and KV while prefilling a chunk of
 /// `min(chunk, ctx)` tokens — the term the seed's `sdpaFallbackBytes` plays for MLX. kiln's
-/// attention keeps no score matrix (an online softmax over the visible keys, one accumulator
-/// per head), so the transient is the chunk's activations, all f32 `[c × width]`, as
+/// attention keeps no `[chunk × keys]` score matrix (each worker scores one block of query rows
+/// at a time, below), so the transient is the chunk's activations, all f32 `[c × width]`, as
 /// `arch/decoder.rs::forward_layer` allocates them; each lives to the end of the layer:
 ///
 /// - residual `x` and the attention norm's output: `2·hidden`;
@@ -195,7 +195,8 @@ impl KvGeometry {
 /// - the attention kernel's query list (`16` bytes per token) and positions (`8`);
 /// - the matmul's reusable activation scratch, kept after the first prefill: for the widest
 ///   input, bounded by all its formats at once (f32 copy 4, Q8_0 34/32, Q8_1 36/32, Q8_K
-///   292/256 bytes per element);
+///   292/256 bytes per element) plus the interleaved Q8_0 copy of the AVX-512 tiles (192/128)
+///   and the Q8_1 block sums of the repacked kernels (4/32);
 /// - the previous step's logits row (`vocab` f32), kept by the engine while the next forward
 ///   runs.
 ///
@@ -203,10 +204,12 @@ impl KvGeometry {
 /// engine's previous row) replace the layer temporaries; the larger of the two phases counts.
 ///
 /// The attention kernel's per-worker buffers (`backend/cpu/attention.rs`, thread-local
-/// `Scratch`, kept between calls) add `threads · 4 · (group · keys + ATTENTION_TILE · head_dim +
-/// group · head_dim)`: one row of visible keys per query head of a GQA group, one decoded tile
-/// and the group's (rotated) queries; keys is `ctx` (a sliding layer's window when every layer
-/// slides).
+/// `Scratch`, kept between calls) add, with `v = QUERY_BLOCK · group` query vectors per
+/// prefill task, `threads · 4 · (v · (keys + QUERY_BLOCK) + 2 · ATTENTION_TILE · head_dim +
+/// 2 · v · head_dim + v)`: a row of scores per query vector over the block's keys (a block's
+/// rows see up to `QUERY_BLOCK − 1` keys more than one row), a decoded tile and its transposed
+/// copy, the block's (rotated) queries and unnormalised outputs, and their softmax sums; keys is
+/// `ctx` (a sliding layer's window when every layer slides). Decode needs less of each.
 pub fn prefill_transient_bytes(cfg: &ModelConfig, chunk: usize, ctx: usize, threads: usize) -> u64 {
     let c = chunk.min(ctx).max(1) as u64;
     let keys = cfg
@@ -220,8 +223,10 @@ pub fn prefill_transient_bytes(cfg: &ModelConfig, chunk: usize, ctx: usize, thre
         .unwrap_or(ctx) as u64;
     let group = (cfg.num_heads / cfg.num_kv_heads.max(1)) as u64;
     let hd = cfg.head_dim as u64;
-    let per_thread =
-        group * keys + kiln_model::backend::cpu::ATTENTION_TILE as u64 * hd + group * hd;
+    let block = kiln_model::backend::cpu::QUERY_BLOCK as u64;
+    let tile = kiln_model::backend::cpu::ATTENTION_TILE as u64;
+    let v = block * group;
+    let per_thread = v * (keys + block) + 2 * tile * hd + 2 * v * hd + v;
     let scores = threads.max(1) as u64 * per_thread * 4;
     let (h, qw, kvw, inter) = (
         cfg.hidden_size as u64,
@@ -237,7 +242,7 @@ pub fn prefill_transient_bytes(cfg: &ModelConfig, chunk: usize, ctx: usize, thre
     };
     let layer_floats = 5 * h + 2 * qw + 2 * kvw + 3 * inter + sandwich;
     let widest = h.max(qw).max(inter);
-    let scratch = (c * widest * (1024 + 272 + 288 + 292)).div_ceil(256);
+    let scratch = (c * widest * (1024 + 272 + 288 + 292 + 384 + 32)).div_ceil(256);
     let in_layer = c * layer_floats * 4 + c * 24 + vocab * 4;
     let after_layers = c * h * 4 + 2 * h * 4 + 3 * vocab * 4;
     scratch + scores + in_layer.max(after_layers)

@@ -584,9 +584,10 @@ fn transient_is_the_chunk_activations_by_hand() {
     let c = 512u64;
     // 5·576 + 2·576 + 2·192 + 3·1536 = 9024 floats per token.
     let layer = c * 9024 * 4 + c * 24 + 49152 * 4;
-    let scratch = (c * 1536 * 1876).div_ceil(256);
-    // Two workers, each with a score row per query head of a GQA group (9/3) over 4096 keys.
-    let scores = 2 * (3 * 4096 + 64 * 64 + 3 * 64) * 4;
+    let scratch = (c * 1536 * 2292).div_ceil(256);
+    // Two workers, each with a score row per query vector of a block (16 rows × 9/3 heads)
+    // over 4096 + 16 keys, two 64×64 tiles, the block's queries and outputs, and its sums.
+    let scores = 2 * (48 * (4096 + 16) + 2 * 64 * 64 + 2 * 48 * 64 + 48) * 4;
     assert_eq!(
         prefill_transient_bytes(&cfg, 512, 4096, 2),
         scratch + scores + layer

@@ -8,10 +8,12 @@
 
 mod kquant;
 mod legacy;
+mod repack;
 mod tile;
 mod tile_k;
 
 pub use kquant::*;
 pub use legacy::*;
+pub use repack::*;
 pub use tile::*;
 pub use tile_k::*;

@@ -7,6 +7,9 @@
 //! TurboQuant layers keep keys and values in a rotated space: the query is rotated in, scores
 //! are rotation-invariant, and the output is rotated back once per head.
 
+use std::ops::Range;
+
+use kiln_kernels::attn_block;
 use kiln_kernels::attn_tile::{self, Tile};
 use kiln_kernels::kvquant::turbo::TurboCodec;
 
@@ -66,6 +69,10 @@ pub(crate) fn attention(
         split_attention(kv_ref, layer, q, &queries, &visible, p, &mut out);
         return out;
     }
+    if q.rows > SPLIT_MAX_ROWS {
+        block_attention(kv_ref, layer, q, &queries, &visible, p, &mut out);
+        return out;
+    }
     kiln_kernels::pool::for_each_chunk_mut(&mut out.data, group * hd, 1, |idx, out_group| {
         let (qi, g) = (idx / p.n_kv_heads, idx % p.n_kv_heads);
         let (slot, pos) = queries[qi];
@@ -81,6 +88,154 @@ pub(crate) fn attention(
         }
     });
     out
+}
+
+/// Query rows a prefill task takes at most: with every query head of a GQA group, the block
+/// of query vectors that shares each decoded key and value tile.
+pub const QUERY_BLOCK: usize = 16;
+
+/// Prefill: tasks of up to [`QUERY_BLOCK`] consecutive query rows, each attending per KV head
+/// with [`attend_block`]. Results do not depend on the blocking (see `attn_block`), so the
+/// block size may follow the thread count.
+fn block_attention(
+    kv: &CpuKv,
+    layer: usize,
+    q: &HostAct,
+    queries: &[(usize, usize)],
+    visible: &(dyn Fn(usize) -> Range<usize> + Sync),
+    p: &AttentionParams,
+    out: &mut HostAct,
+) {
+    let threads = kiln_kernels::pool::global().threads();
+    let block = q.rows.div_ceil(threads * 4).clamp(1, QUERY_BLOCK);
+    let width = p.n_heads * p.head_dim;
+    kiln_kernels::pool::for_each_chunk_mut(&mut out.data, block * width, 1, |b, out_block| {
+        let first = b * block;
+        let end = first + out_block.len() / width;
+        let mut a = first;
+        while a < end {
+            // A block may hold the tail of one sequence and the head of the next.
+            let slot = queries[a].0;
+            let run_end = (a..end).find(|&r| queries[r].0 != slot).unwrap_or(end);
+            let out_run = &mut out_block[(a - first) * width..(run_end - first) * width];
+            for g in 0..p.n_kv_heads {
+                let run = BlockRun {
+                    slot,
+                    rows: a..run_end,
+                    queries,
+                    visible,
+                };
+                attend_block(kv, layer, g, q, &run, p, out_run);
+            }
+            a = run_end;
+        }
+    });
+}
+
+/// Consecutive query rows of one sequence.
+struct BlockRun<'a> {
+    slot: usize,
+    rows: Range<usize>,
+    queries: &'a [(usize, usize)],
+    visible: &'a (dyn Fn(usize) -> Range<usize> + Sync),
+}
+
+/// Attention of every query head of KV head `g` for the rows of `run`, written (normalised and
+/// unrotated) into `out_rows` (the rows' full output width). The keys scored are the union of
+/// the rows' visible ranges; each row's softmax covers only its own, the rest weigh 0.
+fn attend_block(
+    kv: &CpuKv,
+    layer: usize,
+    g: usize,
+    q: &HostAct,
+    run: &BlockRun<'_>,
+    p: &AttentionParams,
+    out_rows: &mut [f32],
+) {
+    let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
+    let width = p.n_heads * hd;
+    let vis = |r: usize| (run.visible)(run.queries[r].1);
+    let lo = run.rows.clone().map(|r| vis(r).start).min().unwrap_or(0);
+    let hi = run.rows.clone().map(|r| vis(r).end).max().unwrap_or(0);
+    let n = hi - lo;
+    let nq = run.rows.len() * group;
+    let (cell, codec) = kv.cell(run.slot, layer);
+    let rotations = rotations_of(cell, codec);
+    let level = kiln_kernels::cpu_level();
+    SCRATCH.with(|cell_scratch| {
+        let scratch = &mut *cell_scratch.borrow_mut();
+        let Scratch {
+            scores,
+            tile,
+            query,
+            keys_t,
+            acc,
+            sums,
+        } = scratch;
+        query.clear();
+        for r in run.rows.clone() {
+            query.extend_from_slice(&q.row(r)[g * group * hd..(g + 1) * group * hd]);
+        }
+        if let Some((rk, _)) = rotations {
+            query.chunks_exact_mut(hd).for_each(|h| rk.rotate(h));
+        }
+        scores.clear();
+        scores.resize(nq * n, 0.0);
+        for t0 in (0..n).step_by(TILE) {
+            let len = TILE.min(n - t0);
+            let (rows, stride) = cell.keys(codec, g, lo + t0, len, tile);
+            let t = Tile {
+                rows,
+                stride,
+                len,
+                head_dim: hd,
+            };
+            let ld = attn_block::transpose_tile(t, keys_t);
+            attn_block::block_scores(level, query, hd, (keys_t, ld, len), p.scale, scores, n, t0);
+        }
+        sums.clear();
+        sums.resize(nq, 0.0);
+        for (k, r) in run.rows.clone().enumerate() {
+            let v = vis(r);
+            let v = v.start - lo..v.end - lo;
+            for h in 0..group {
+                let s = &mut scores[(k * group + h) * n..(k * group + h + 1) * n];
+                let (before, rest) = s.split_at_mut(v.start);
+                let (mid, after) = rest.split_at_mut(v.len());
+                let max = mid.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                sums[k * group + h] = attn_tile::exp_shifted_in_place_at(level, mid, max);
+                before.fill(0.0);
+                after.fill(0.0);
+            }
+        }
+        acc.clear();
+        acc.resize(nq * hd, 0.0);
+        for t0 in (0..n).step_by(TILE) {
+            let len = TILE.min(n - t0);
+            let (rows, stride) = cell.values(codec, g, lo + t0, len, tile);
+            let t = Tile {
+                rows,
+                stride,
+                len,
+                head_dim: hd,
+            };
+            attn_block::block_weighted_sum(level, scores, n, t0, t, acc);
+        }
+        for k in 0..run.rows.len() {
+            let row = &mut out_rows[k * width..(k + 1) * width];
+            for h in 0..group {
+                let i = k * group + h;
+                let out_head = &mut row[(g * group + h) * hd..(g * group + h + 1) * hd];
+                let inv = 1.0 / sums[i];
+                for (o, &a) in out_head.iter_mut().zip(&acc[i * hd..(i + 1) * hd]) {
+                    *o = a * inv;
+                }
+                if let Some((_, rv)) = rotations {
+                    rv.unrotate(out_head);
+                }
+            }
+        }
+    });
 }
 
 /// Decode attends over one or a few queries: (query, KV head) pairs alone would leave most
@@ -215,6 +370,7 @@ fn attend<'a>(
             scores,
             tile,
             query,
+            ..
         } = scratch;
         query.clear();
         query.extend_from_slice(q_group);
@@ -264,8 +420,15 @@ struct Scratch {
     scores: Vec<f32>,
     /// One decoded tile of keys or values.
     tile: Vec<f32>,
-    /// The group's query heads (rotated for TurboQuant layers).
+    /// The group's query heads (rotated for TurboQuant layers); in prefill, for every row of
+    /// the block.
     query: Vec<f32>,
+    /// Prefill: the decoded key tile transposed to `[head_dim][positions]`.
+    keys_t: Vec<f32>,
+    /// Prefill: the block's unnormalised outputs, `[query vector][head_dim]`.
+    acc: Vec<f32>,
+    /// Prefill: each query vector's softmax denominator.
+    sums: Vec<f32>,
 }
 
 thread_local! {

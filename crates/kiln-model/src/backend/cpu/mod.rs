@@ -10,9 +10,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use kiln_kernels::repack::{RepackedMatrix, matmul_repacked};
 use kiln_kernels::{GgmlType, QMatrix, QuantizedActivations};
 
-pub use attention::ATTENTION_TILE;
+pub use attention::{ATTENTION_TILE, QUERY_BLOCK};
 pub use kv::CpuKv;
 
 use super::{
@@ -54,18 +55,23 @@ pub enum CpuMatrix {
         /// Multiply with unquantized activations instead of 8-bit ones.
         f32_activations: bool,
     },
+    /// Quantized rows interleaved 16 at a time for the AVX-512 VNNI kernels
+    /// (`kiln_kernels::repack`).
+    Repacked(RepackedMatrix),
 }
 
 impl CpuMatrix {
     fn rows(&self) -> usize {
         match self {
             Self::F32 { rows, .. } | Self::Quant { rows, .. } => *rows,
+            Self::Repacked(m) => m.rows(),
         }
     }
 
     fn cols(&self) -> usize {
         match self {
             Self::F32 { cols, .. } | Self::Quant { cols, .. } => *cols,
+            Self::Repacked(m) => m.cols(),
         }
     }
 
@@ -74,6 +80,7 @@ impl CpuMatrix {
         match self {
             Self::F32 { data, .. } => data.len() * 4,
             Self::Quant { bytes, .. } => bytes.len(),
+            Self::Repacked(m) => m.size_bytes(),
         }
     }
 }
@@ -133,6 +140,11 @@ impl Backend for CpuBackend {
         // The output head (the embedding table when tied) keeps f32 activations: see
         // `kiln_kernels::exact` for the accuracy this buys.
         let f32_activations = name == "lm_head.weight" || name == "model.embed_tokens.weight";
+        if !f32_activations && RepackedMatrix::worthwhile(kiln_kernels::cpu_level(), t.ty) {
+            return Ok(CpuMatrix::Repacked(RepackedMatrix::from_file_bytes(
+                t.ty, t.rows, t.cols, t.bytes,
+            )?));
+        }
         Ok(CpuMatrix::Quant {
             ty: t.ty,
             rows: t.rows,
@@ -176,6 +188,9 @@ impl Backend for CpuBackend {
                 CpuMatrix::Quant { ty, bytes, .. } => {
                     let rb = ty.row_bytes(cols)?;
                     kiln_kernels::dequantize_row(*ty, &bytes[r * rb..(r + 1) * rb], dst)?;
+                }
+                CpuMatrix::Repacked(m) => {
+                    kiln_kernels::dequantize_row(m.ty(), &m.file_row(r), dst)?;
                 }
             }
             if let Some(s) = scale {
@@ -235,6 +250,10 @@ impl Backend for CpuBackend {
                 let qm = QMatrix::new(*ty, *rows, *cols, bytes)?;
                 let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
                 kiln_kernels::matmul(&qm, &x.data, x.rows, &mut out.data, &mut scratch)?;
+            }
+            CpuMatrix::Repacked(m) => {
+                let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+                matmul_repacked(m, &x.data, x.rows, &mut out.data, &mut scratch)?;
             }
         }
         Ok(out)

@@ -1,0 +1,444 @@
+//! Attention loops for a block of query vectors at once (prefill): scores against a key tile
+//! transposed to `[head_dim][positions]`, and weighted sums of a value tile, both in register
+//! blocks, so each key or value element loaded serves several query vectors and no horizontal
+//! sum is needed. A block is every query head of a GQA group for several query rows.
+//!
+//! Every output element is computed in the order of [`crate::attn_tile`]'s per-row loops, with
+//! a separate multiply and add: a score as eight running sums over `d mod 8` added up in
+//! order, a weighted sum sequentially over positions. The vector lanes run over positions
+//! (scores) or over the head dimension (weighted sums), so each lane does exactly that scalar
+//! arithmetic: results are bit-identical to the per-row loops (hence to decode, and to kiln
+//! before these kernels) at every instruction-set level and whatever the blocking.
+
+use crate::attn_tile::Tile;
+use crate::level::CpuLevel;
+
+/// Query vectors per register block.
+const R: usize = 4;
+
+/// Positions per score strip at the widest level; transposed tiles are padded to a multiple.
+const STRIP: usize = 32;
+
+/// Copies `tile` (`len` rows of `head_dim`) into `out` as `[head_dim][ld]`, `ld = len`
+/// rounded up to [`STRIP`], and returns `ld`. Columns past `len` are zero.
+pub fn transpose_tile(tile: Tile<'_>, out: &mut Vec<f32>) -> usize {
+    let (hd, len) = (tile.head_dim, tile.len);
+    let ld = len.next_multiple_of(STRIP);
+    out.clear();
+    out.resize(hd * ld, 0.0);
+    for j in 0..len {
+        let row = &tile.rows[j * tile.stride..j * tile.stride + hd];
+        for (d, &x) in row.iter().enumerate() {
+            out[d * ld + j] = x;
+        }
+    }
+    ld
+}
+
+/// `scores[i·n + offset + j] = (Σ_d q_i[d] · keys_t[d·ld + j]) · scale` for every query vector
+/// `i` of `queries` (rows of `head_dim`) and `j < len`, the sum in order of `d`.
+#[allow(clippy::too_many_arguments)]
+pub fn block_scores(
+    level: CpuLevel,
+    queries: &[f32],
+    head_dim: usize,
+    (keys_t, ld, len): (&[f32], usize, usize),
+    scale: f32,
+    scores: &mut [f32],
+    n: usize,
+    offset: usize,
+) {
+    assert!(head_dim > 0 && queries.len().is_multiple_of(head_dim));
+    assert!(len <= ld && ld.is_multiple_of(STRIP) && keys_t.len() >= head_dim * ld);
+    assert!(offset + len <= n);
+    assert!(scores.len() >= queries.len() / head_dim * n);
+    let a = ScoreArgs {
+        q: queries,
+        hd: head_dim,
+        kt: keys_t,
+        ld,
+        len,
+        scale,
+        n,
+        off: offset,
+    };
+    #[cfg(target_arch = "x86_64")]
+    match level.clamp_to_hardware() {
+        // SAFETY: the level is clamped to the hardware, which therefore has the features.
+        CpuLevel::Avx512 => return unsafe { scores_avx512(&a, scores) },
+        CpuLevel::Avx2 => return unsafe { scores_avx2(&a, scores) },
+        CpuLevel::Scalar => {}
+    }
+    let _ = level;
+    scores_body::<Portable, 16, 1, 16>(&a, scores)
+}
+
+/// `out_i[d] += Σ_j weights[i·n + offset + j] · row_j[d]` for every query vector `i` (`out` has
+/// rows of `tile.head_dim`) and every row `j` of `tile`, the sum in order of `j`.
+pub fn block_weighted_sum(
+    level: CpuLevel,
+    weights: &[f32],
+    n: usize,
+    offset: usize,
+    tile: Tile<'_>,
+    out: &mut [f32],
+) {
+    let hd = tile.head_dim;
+    assert!(hd > 0 && out.len().is_multiple_of(hd) && offset + tile.len <= n);
+    assert!(weights.len() >= out.len() / hd * n);
+    if tile.len > 0 {
+        assert!(tile.rows.len() >= (tile.len - 1) * tile.stride + hd);
+    }
+    #[cfg(target_arch = "x86_64")]
+    match level.clamp_to_hardware() {
+        // SAFETY: the level is clamped to the hardware, which therefore has the features.
+        CpuLevel::Avx512 => return unsafe { weighted_avx512(weights, n, offset, tile, out) },
+        CpuLevel::Avx2 => return unsafe { weighted_avx2(weights, n, offset, tile, out) },
+        CpuLevel::Scalar => {}
+    }
+    let _ = level;
+    weighted_body::<Portable, 16, 1, 16>(weights, n, offset, tile, out)
+}
+
+struct ScoreArgs<'a> {
+    q: &'a [f32],
+    hd: usize,
+    kt: &'a [f32],
+    ld: usize,
+    len: usize,
+    scale: f32,
+    n: usize,
+    off: usize,
+}
+
+/// The register-block kernels of one level: score strips `S` positions wide for `RS` query
+/// vectors at once, weighted-sum chunks `W` head elements wide.
+trait Kernels<const S: usize, const RS: usize, const W: usize> {
+    /// `out[r][l]` = score of query `qs[r]` (a `head_dim` row) against column `j0 + l` of `kt`
+    /// (`l < S`), unscaled, in [`crate::attn_tile`]'s order: eight running sums over `d mod 8`,
+    /// added up in order, then the `head_dim mod 8` tail.
+    fn strip(qs: [&[f32]; RS], kt: &[f32], ld: usize, j0: usize) -> [[f32; S]; RS];
+    /// `out_r[d0 + l] += Σ_j ws[r][j] · row_j[d0 + l]` for `l < W`, in order of `j`, for the
+    /// `RR` rows of `out` (rows of `head_dim`); every `ws[r]` has `t.len` weights.
+    fn chunk<const RR: usize>(ws: [&[f32]; RR], t: Tile<'_>, d0: usize, out: &mut [f32]);
+}
+
+/// Portable Rust: the scalar level and the reference the SIMD kernels reproduce.
+struct Portable;
+
+impl Kernels<16, 1, 16> for Portable {
+    fn strip(qs: [&[f32]; 1], kt: &[f32], ld: usize, j0: usize) -> [[f32; 16]; 1] {
+        let q = qs[0];
+        let hd8 = q.len() / 8 * 8;
+        let mut acc = [[0f32; 16]; 8];
+        for c in (0..hd8).step_by(8) {
+            for (l, acc) in acc.iter_mut().enumerate() {
+                let k: &[f32; 16] = kt[(c + l) * ld + j0..].first_chunk().expect("S columns");
+                for (a, &kv) in acc.iter_mut().zip(k) {
+                    *a += q[c + l] * kv;
+                }
+            }
+        }
+        let mut s = acc[0];
+        for part in &acc[1..] {
+            s.iter_mut().zip(part).for_each(|(s, p)| *s += p);
+        }
+        for d in hd8..q.len() {
+            let k: &[f32; 16] = kt[d * ld + j0..].first_chunk().expect("S columns");
+            s.iter_mut().zip(k).for_each(|(s, &kv)| *s += q[d] * kv);
+        }
+        [s]
+    }
+
+    fn chunk<const RR: usize>(ws: [&[f32]; RR], t: Tile<'_>, d0: usize, out: &mut [f32]) {
+        let hd = t.head_dim;
+        for r in 0..RR {
+            let o: &mut [f32; 16] = out[r * hd + d0..].first_chunk_mut().expect("W");
+            for (j, &x) in ws[r][..t.len].iter().enumerate() {
+                let v = &t.rows[j * t.stride + d0..j * t.stride + d0 + 16];
+                o.iter_mut().zip(v).for_each(|(o, &v)| *o += x * v);
+            }
+        }
+    }
+}
+
+/// Generates a level's kernels from its intrinsics: `$L` lanes per vector, two vectors per
+/// strip or chunk, multiply then add (never fused, so every lane rounds as the reference).
+#[cfg(target_arch = "x86_64")]
+macro_rules! simd_kernels {
+    ($name:ident, $feat:literal, $L:literal, $RS:literal, $zero:ident, $load:ident,
+     $store:ident, $set1:ident, $mul:ident, $add:ident) => {
+        pub(super) struct $name;
+
+        impl Kernels<$L, $RS, { 2 * $L }> for $name {
+            fn strip(qs: [&[f32]; $RS], kt: &[f32], ld: usize, j0: usize) -> [[f32; $L]; $RS] {
+                let hd = qs[0].len();
+                assert!(hd > 0 && qs.iter().all(|q| q.len() == hd));
+                assert!(kt.len() >= (hd - 1) * ld + j0 + $L);
+                let mut out = [[0f32; $L]; $RS];
+                // SAFETY: only built by `block_scores` at a level the hardware has; every
+                // read is within the lengths asserted above.
+                unsafe { strip(qs, kt.as_ptr().add(j0), ld, &mut out) };
+                out
+            }
+
+            fn chunk<const RR: usize>(ws: [&[f32]; RR], t: Tile<'_>, d0: usize, out: &mut [f32]) {
+                let hd = t.head_dim;
+                assert!(ws.iter().all(|w| w.len() >= t.len));
+                assert!(d0 + 2 * $L <= hd && out.len() >= RR * hd);
+                assert!(t.len == 0 || t.rows.len() >= (t.len - 1) * t.stride + hd);
+                // SAFETY: as for `strip`.
+                unsafe { chunk::<RR>(ws, t, d0, out.as_mut_ptr()) };
+            }
+        }
+
+        #[target_feature(enable = $feat)]
+        unsafe fn strip(qs: [&[f32]; $RS], kt: *const f32, ld: usize, out: &mut [[f32; $L]; $RS]) {
+            use std::arch::x86_64::*;
+            let hd = qs[0].len();
+            let hd8 = hd / 8 * 8;
+            let mut acc = [[$zero(); 8]; $RS];
+            // SAFETY (all blocks): the caller checked `kt` for `L` columns on every row, and
+            // `d < head_dim`, the length of every query row.
+            for c in (0..hd8).step_by(8) {
+                for l in 0..8 {
+                    let k = unsafe { $load(kt.add((c + l) * ld)) };
+                    for r in 0..$RS {
+                        let x = $set1(unsafe { *qs[r].get_unchecked(c + l) });
+                        acc[r][l] = $add(acc[r][l], $mul(x, k));
+                    }
+                }
+            }
+            for r in 0..$RS {
+                let mut s = acc[r][0];
+                for l in 1..8 {
+                    s = $add(s, acc[r][l]);
+                }
+                for d in hd8..hd {
+                    let k = unsafe { $load(kt.add(d * ld)) };
+                    s = $add(s, $mul($set1(unsafe { *qs[r].get_unchecked(d) }), k));
+                }
+                // SAFETY: `out[r]` has `L` floats.
+                unsafe { $store(out[r].as_mut_ptr(), s) };
+            }
+        }
+
+        #[target_feature(enable = $feat)]
+        unsafe fn chunk<const RR: usize>(ws: [&[f32]; RR], t: Tile<'_>, d0: usize, out: *mut f32) {
+            use std::arch::x86_64::*;
+            let hd = t.head_dim;
+            let mut acc = [[$zero(); 2]; RR];
+            // SAFETY (all blocks): the caller checked `out` for `RR` rows, the tile for
+            // `t.len` rows and the weights for `t.len` entries; `d0 + 2L ≤ head_dim`.
+            for r in 0..RR {
+                unsafe {
+                    let o = out.add(r * hd + d0);
+                    acc[r] = [$load(o), $load(o.add($L))];
+                }
+            }
+            for j in 0..t.len {
+                let (v0, v1) = unsafe {
+                    let p = t.rows.as_ptr().add(j * t.stride + d0);
+                    ($load(p), $load(p.add($L)))
+                };
+                for r in 0..RR {
+                    let x = $set1(unsafe { *ws[r].get_unchecked(j) });
+                    acc[r][0] = $add(acc[r][0], $mul(x, v0));
+                    acc[r][1] = $add(acc[r][1], $mul(x, v1));
+                }
+            }
+            for r in 0..RR {
+                unsafe {
+                    let o = out.add(r * hd + d0);
+                    $store(o, acc[r][0]);
+                    $store(o.add($L), acc[r][1]);
+                }
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Kernels, Tile};
+    simd_kernels!(
+        Avx512,
+        "avx512f",
+        16,
+        2,
+        _mm512_setzero_ps,
+        _mm512_loadu_ps,
+        _mm512_storeu_ps,
+        _mm512_set1_ps,
+        _mm512_mul_ps,
+        _mm512_add_ps
+    );
+    pub(super) use Avx512 as K;
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Kernels, Tile};
+    simd_kernels!(
+        Avx2,
+        "avx2",
+        8,
+        1,
+        _mm256_setzero_ps,
+        _mm256_loadu_ps,
+        _mm256_storeu_ps,
+        _mm256_set1_ps,
+        _mm256_mul_ps,
+        _mm256_add_ps
+    );
+    pub(super) use Avx2 as K;
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn scores_avx512(a: &ScoreArgs<'_>, s: &mut [f32]) {
+    scores_body::<avx512::K, 16, 2, 32>(a, s)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scores_avx2(a: &ScoreArgs<'_>, s: &mut [f32]) {
+    scores_body::<avx2::K, 8, 1, 16>(a, s)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn weighted_avx512(w: &[f32], n: usize, off: usize, t: Tile<'_>, out: &mut [f32]) {
+    weighted_body::<avx512::K, 16, 2, 32>(w, n, off, t, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn weighted_avx2(w: &[f32], n: usize, off: usize, t: Tile<'_>, out: &mut [f32]) {
+    weighted_body::<avx2::K, 8, 1, 16>(w, n, off, t, out)
+}
+
+/// Scores in strips of `S` positions × `RS` query vectors.
+#[inline(always)]
+fn scores_body<K: Kernels<S, RS, W>, const S: usize, const RS: usize, const W: usize>(
+    a: &ScoreArgs<'_>,
+    s: &mut [f32],
+) {
+    let nq = a.q.len() / a.hd;
+    let q_row = |i: usize| &a.q[i * a.hd..(i + 1) * a.hd];
+    for j0 in (0..a.len).step_by(S) {
+        let width = (a.len - j0).min(S);
+        for i in (0..nq).step_by(RS) {
+            // A last ragged block repeats its final query; the copies' scores are dropped.
+            let acc = K::strip(
+                std::array::from_fn(|r| q_row((i + r).min(nq - 1))),
+                a.kt,
+                a.ld,
+                j0,
+            );
+            for (r, acc) in acc.iter().enumerate().take(nq - i) {
+                let out = &mut s[(i + r) * a.n + a.off + j0..][..width];
+                for (o, v) in out.iter_mut().zip(acc) {
+                    *o = v * a.scale;
+                }
+            }
+        }
+    }
+}
+
+/// Weighted sums in chunks of `W` head elements × [`R`] query vectors; the head elements past
+/// the last whole chunk one at a time.
+#[inline(always)]
+fn weighted_body<K: Kernels<S, RS, W>, const S: usize, const RS: usize, const W: usize>(
+    w: &[f32],
+    n: usize,
+    off: usize,
+    t: Tile<'_>,
+    out: &mut [f32],
+) {
+    let hd = t.head_dim;
+    let nq = out.len() / hd;
+    let full = hd / W * W;
+    let w_row = |i: usize| &w[i * n + off..i * n + off + t.len];
+    let mut i = 0;
+    while i < nq {
+        let rows = if i + R <= nq { R } else { 1 };
+        for d0 in (0..full).step_by(W) {
+            if rows == R {
+                let ws: [&[f32]; R] = std::array::from_fn(|r| w_row(i + r));
+                K::chunk::<R>(ws, t, d0, &mut out[i * hd..(i + R) * hd]);
+            } else {
+                K::chunk::<1>([w_row(i)], t, d0, &mut out[i * hd..(i + 1) * hd]);
+            }
+        }
+        for r in i..i + rows {
+            let wr = w_row(r);
+            for d in full..hd {
+                let mut acc = out[r * hd + d];
+                for (j, &wj) in wr.iter().enumerate() {
+                    acc += wj * t.rows[j * t.stride + d];
+                }
+                out[r * hd + d] = acc;
+            }
+        }
+        i += rows;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attn_tile::{tile_scores, tile_weighted_sum};
+    use crate::level::supported_levels;
+
+    fn noise(n: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x % 20_000) as f32 / 1000.0 - 10.0
+            })
+            .collect()
+    }
+
+    /// Every level, on ragged head widths, tile lengths and query counts, gives the exact bits
+    /// of the per-row loops of `attn_tile` (the decode path's).
+    #[test]
+    fn every_level_is_bit_identical_to_the_per_row_loops() {
+        for (hd, nq, len, stride) in [
+            (64, 12, 64, 192),
+            (64, 3, 64, 64),
+            (80, 7, 37, 80),
+            (7, 5, 5, 9),
+            (128, 9, 17, 256),
+            (64, 1, 1, 64),
+        ] {
+            let (n, off) = (len + 11, 6);
+            let q = noise(nq * hd, 1);
+            let rows = noise((len - 1) * stride + hd, 2);
+            let tile = Tile {
+                rows: &rows,
+                stride,
+                len,
+                head_dim: hd,
+            };
+            let weights = noise(nq * n, 3);
+            let mut want_s = vec![0f32; nq * n];
+            tile_scores(CpuLevel::Scalar, &q, tile, 0.125, &mut want_s, n, off);
+            let mut want_o = noise(nq * hd, 4);
+            tile_weighted_sum(CpuLevel::Scalar, &weights, n, off, tile, &mut want_o);
+            let mut kt = Vec::new();
+            let ld = transpose_tile(tile, &mut kt);
+            for level in supported_levels() {
+                let mut s = vec![0f32; nq * n];
+                block_scores(level, &q, hd, (&kt, ld, len), 0.125, &mut s, n, off);
+                assert_eq!(s, want_s, "scores at {level:?}, hd {hd} nq {nq} len {len}");
+                let mut o = noise(nq * hd, 4);
+                block_weighted_sum(level, &weights, n, off, tile, &mut o);
+                assert_eq!(o, want_o, "weighted sum at {level:?}, hd {hd} nq {nq}");
+            }
+        }
+    }
+}
