@@ -60,8 +60,14 @@ pub fn tile_weighted_sum(
     weighted_lanes(weights, n, offset, tile, out)
 }
 
-/// [`crate::softmax::exp_shifted_in_place`] at `level`; bit-identical at every level.
+/// [`crate::softmax::exp_shifted_in_place`] at `level`; bit-identical at every level (the
+/// wider level only widens the element-wise part; the eight running sums stay eight).
 pub fn exp_shifted_in_place_at(level: CpuLevel, s: &mut [f32], max: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if level.clamp_to_hardware() >= CpuLevel::Avx512 {
+        // SAFETY: AVX-512F is present (the level is clamped to the hardware).
+        return unsafe { exp_avx512(s, max) };
+    }
     #[cfg(target_arch = "x86_64")]
     if level.clamp_to_hardware() >= CpuLevel::Avx2 {
         // SAFETY: AVX2 is present (the level is clamped to the hardware).
@@ -94,6 +100,12 @@ unsafe fn scores_avx2(q: &[f32], t: Tile<'_>, scale: f32, s: &mut [f32], n: usiz
 #[target_feature(enable = "avx2")]
 unsafe fn weighted_avx2(w: &[f32], n: usize, off: usize, t: Tile<'_>, out: &mut [f32]) {
     weighted_lanes(w, n, off, t, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn exp_avx512(s: &mut [f32], max: f32) -> f32 {
+    crate::softmax::exp_shifted_lanes(s, max)
 }
 
 #[cfg(target_arch = "x86_64")]

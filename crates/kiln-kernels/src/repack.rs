@@ -1,19 +1,29 @@
 //! Weights repacked at load into groups of [`GROUP_ROWS`] rows, block by block, for the
-//! AVX-512 VNNI kernels that compute 16 rows per instruction (`dot/avx512/repack.rs`).
+//! AVX-512 VNNI kernels that compute 16 rows per instruction (`dot/avx512/repack.rs`): the
+//! 32-bit lanes of a vector are the 16 rows, so one broadcast activation word meets four codes
+//! of every row.
 //!
-//! Q4_1 group block ([`Q4_1X16_BYTES`] = 16 file blocks): the 16 rows' f16 scales, their 16
-//! f16 minimums, then four 64-byte code vectors; 32-bit lane `k` of vector `j` holds bytes
-//! `4j..4j + 4` of row `k`'s packed nibbles, so the low nibbles of vector `j` are codes
-//! `4j..4j + 4` and the high nibbles codes `16 + 4j..`. The group blocks of one group follow
-//! each other along the row; groups follow each other down the matrix. A last group with fewer
-//! than 16 rows is padded with zero blocks, whose outputs are dropped.
+//! A group block is 16 file blocks (one per row, same position along the row) rearranged; in
+//! every layout, code vector `i` (64 bytes) holds codes `4i..4i + 4` of row `k` in lane `k`:
+//! - Q4_1 ([`Q4_1X16_BYTES`]): 16 f16 scales, 16 f16 minimums, then four nibble vectors; lane
+//!   `k` of vector `j` is bytes `4j..4j + 4` of row `k`'s packed nibbles, whose low nibbles are
+//!   codes `4j..` and high nibbles codes `16 + 4j..`.
+//! - Q8_0 ([`Q8_0X16_BYTES`]): 16 f16 scales, then eight code vectors of `w + 128` (unsigned).
+//! - Q5_0 ([`Q5_0X16_BYTES`]): 16 f16 scales, eight 64-bit masks (bit `4k + b` of mask `i` is
+//!   row `k`'s 5th bit of code `4i + b`), then four nibble vectors as for Q4_1; codes are
+//!   `nibble + 16·bit = w + 16`.
 //!
-//! Same bytes as the file layout (plus the padding). The minimum term multiplies the exact sum
-//! of the block's dequantized activations, `f16(d)·Σq`, where the row kernels (as ggml) use the
-//! block's `s`, rounded to f16: the two agree to f16 rounding. Prefill and decode run the same
-//! kernel, so they agree to the bit.
+//! The group blocks of a group follow each other along the row; groups follow each other down
+//! the matrix. A last group with fewer than 16 rows is padded with zero blocks, whose outputs
+//! are dropped. Same bytes as the file layout, plus that padding.
+//!
+//! Results equal the row kernels' up to float rounding; for Q4_1 the minimum term multiplies
+//! the exact sum of the block's dequantized activations, `f16(d)·Σq`, where the row kernels
+//! (as ggml) use the block's `s`, rounded to f16. Prefill and decode run the same kernel, so
+//! they agree to the bit.
 
-use crate::blocks::{BlockQ8_1, Q4_1_BYTES};
+use crate::blocks::{BlockQ8_0, BlockQ8_1, Q4_1_BYTES, Q5_0_BYTES, Q8_0_BYTES};
+use crate::dot::dot_unchecked;
 use crate::error::{KernelError, Result};
 use crate::level::CpuLevel;
 use crate::matmul::{QMatrix, check_len};
@@ -25,6 +35,86 @@ use crate::types::GgmlType;
 pub const GROUP_ROWS: usize = 16;
 /// Bytes of one Q4_1 group block: 16 scales, 16 minimums, 256 code bytes.
 pub const Q4_1X16_BYTES: usize = GROUP_ROWS * Q4_1_BYTES;
+/// Bytes of one Q8_0 group block: 16 scales, 512 code bytes.
+pub const Q8_0X16_BYTES: usize = GROUP_ROWS * Q8_0_BYTES;
+/// Bytes of one Q5_0 group block: 16 scales, 64 mask bytes, 256 nibble bytes.
+pub const Q5_0X16_BYTES: usize = GROUP_ROWS * Q5_0_BYTES;
+
+/// Bytes of one file block of a repackable type.
+fn file_block_bytes(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q4_1 => Some(Q4_1_BYTES),
+        GgmlType::Q8_0 => Some(Q8_0_BYTES),
+        GgmlType::Q5_0 => Some(Q5_0_BYTES),
+        _ => None,
+    }
+}
+
+/// Writes row `k`'s file block `blk` into the group block `dst` (zeroed before its first row).
+fn pack(ty: GgmlType, k: usize, blk: &[u8], dst: &mut [u8]) {
+    dst[2 * k..2 * k + 2].copy_from_slice(&blk[0..2]);
+    match ty {
+        GgmlType::Q4_1 => {
+            dst[32 + 2 * k..32 + 2 * k + 2].copy_from_slice(&blk[2..4]);
+            for j in 0..4 {
+                let at = 64 + 64 * j + 4 * k;
+                dst[at..at + 4].copy_from_slice(&blk[4 + 4 * j..8 + 4 * j]);
+            }
+        }
+        GgmlType::Q8_0 => {
+            for i in 0..8 {
+                for b in 0..4 {
+                    dst[32 + 64 * i + 4 * k + b] = blk[2 + 4 * i + b] ^ 0x80;
+                }
+            }
+        }
+        GgmlType::Q5_0 => {
+            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+            for e in 0..32 {
+                if qh >> e & 1 == 1 {
+                    let (i, bit) = (e / 4, 4 * k + e % 4);
+                    dst[32 + 8 * i + bit / 8] |= 1 << (bit % 8);
+                }
+            }
+            for j in 0..4 {
+                let at = 96 + 64 * j + 4 * k;
+                dst[at..at + 4].copy_from_slice(&blk[6 + 4 * j..10 + 4 * j]);
+            }
+        }
+        _ => unreachable!("only repackable types reach pack"),
+    }
+}
+
+/// Appends row `k`'s file block, read back from the group block `src`.
+fn unpack(ty: GgmlType, k: usize, src: &[u8], row: &mut Vec<u8>) {
+    row.extend_from_slice(&src[2 * k..2 * k + 2]);
+    match ty {
+        GgmlType::Q4_1 => {
+            row.extend_from_slice(&src[32 + 2 * k..32 + 2 * k + 2]);
+            for j in 0..4 {
+                let at = 64 + 64 * j + 4 * k;
+                row.extend_from_slice(&src[at..at + 4]);
+            }
+        }
+        GgmlType::Q8_0 => {
+            for i in 0..8 {
+                row.extend((0..4).map(|b| src[32 + 64 * i + 4 * k + b] ^ 0x80));
+            }
+        }
+        GgmlType::Q5_0 => {
+            let qh = (0..32).fold(0u32, |qh, e| {
+                let (i, bit) = (e / 4, 4 * k + e % 4);
+                qh | u32::from(src[32 + 8 * i + bit / 8] >> (bit % 8) & 1) << e
+            });
+            row.extend_from_slice(&qh.to_le_bytes());
+            for j in 0..4 {
+                let at = 96 + 64 * j + 4 * k;
+                row.extend_from_slice(&src[at..at + 4]);
+            }
+        }
+        _ => unreachable!("only repackable types are built"),
+    }
+}
 
 /// A weight matrix in the interleaved layout of this module.
 #[derive(Debug, Clone)]
@@ -41,7 +131,7 @@ impl RepackedMatrix {
     pub fn worthwhile(level: CpuLevel, ty: GgmlType) -> bool {
         cfg!(target_arch = "x86_64")
             && level.clamp_to_hardware() >= CpuLevel::Avx512
-            && ty == GgmlType::Q4_1
+            && file_block_bytes(ty).is_some()
     }
 
     /// Repacks a copy of `w`; an error if its type has no interleaved layout.
@@ -54,11 +144,8 @@ impl RepackedMatrix {
     /// aside at a time and loading never holds the matrix twice. An error if `ty` has no
     /// interleaved layout or the size is wrong.
     pub fn from_file_bytes(ty: GgmlType, rows: usize, cols: usize, bytes: Vec<u8>) -> Result<Self> {
-        if ty != GgmlType::Q4_1 {
-            return Err(KernelError::Unsupported { op: "repack", ty });
-        }
+        let fb = file_block_bytes(ty).ok_or(KernelError::Unsupported { op: "repack", ty })?;
         let rb = QMatrix::new(ty, rows, cols, &bytes)?.row_bytes();
-        let nb = rb / Q4_1_BYTES;
         let stripe = GROUP_ROWS * rb;
         let mut data = bytes;
         // Padding rows are zero blocks, in either layout.
@@ -66,19 +153,13 @@ impl RepackedMatrix {
         let mut file = vec![0u8; stripe];
         for group in data.chunks_exact_mut(stripe.max(1)) {
             file.copy_from_slice(group);
+            group.fill(0);
             for (k, row) in file.chunks_exact(rb.max(1)).enumerate() {
-                for (b, blk) in row.chunks_exact(Q4_1_BYTES).enumerate() {
-                    let dst = &mut group[b * Q4_1X16_BYTES..(b + 1) * Q4_1X16_BYTES];
-                    dst[2 * k..2 * k + 2].copy_from_slice(&blk[0..2]);
-                    dst[32 + 2 * k..32 + 2 * k + 2].copy_from_slice(&blk[2..4]);
-                    for j in 0..4 {
-                        let at = 64 + 64 * j + 4 * k;
-                        dst[at..at + 4].copy_from_slice(&blk[4 + 4 * j..8 + 4 * j]);
-                    }
+                for (blk, dst) in row.chunks_exact(fb).zip(group.chunks_exact_mut(16 * fb)) {
+                    pack(ty, k, blk, dst);
                 }
             }
         }
-        debug_assert_eq!(nb * Q4_1X16_BYTES, stripe);
         Ok(Self {
             ty,
             rows,
@@ -107,29 +188,19 @@ impl RepackedMatrix {
         self.data.len()
     }
 
-    fn blocks_per_row(&self) -> usize {
-        self.cols / 32
-    }
-
-    /// Group `g`'s blocks.
-    fn group(&self, g: usize) -> &[[u8; Q4_1X16_BYTES]] {
-        let nb = self.blocks_per_row();
-        self.data[g * nb * Q4_1X16_BYTES..(g + 1) * nb * Q4_1X16_BYTES]
-            .as_chunks()
-            .0
+    /// Group `g`'s bytes.
+    fn group(&self, g: usize) -> &[u8] {
+        let stripe = GROUP_ROWS * (self.cols / 32) * file_block_bytes(self.ty).unwrap_or(0);
+        &self.data[g * stripe..(g + 1) * stripe]
     }
 
     /// Row `r` back in the file layout.
     pub fn file_row(&self, r: usize) -> Vec<u8> {
         let (g, k) = (r / GROUP_ROWS, r % GROUP_ROWS);
-        let mut row = Vec::with_capacity(self.blocks_per_row() * Q4_1_BYTES);
-        for blk in self.group(g) {
-            row.extend_from_slice(&blk[2 * k..2 * k + 2]);
-            row.extend_from_slice(&blk[32 + 2 * k..32 + 2 * k + 2]);
-            for j in 0..4 {
-                let at = 64 + 64 * j + 4 * k;
-                row.extend_from_slice(&blk[at..at + 4]);
-            }
+        let gb = GROUP_ROWS * file_block_bytes(self.ty).unwrap_or(0);
+        let mut row = Vec::with_capacity(gb / GROUP_ROWS * (self.cols / 32));
+        for src in self.group(g).chunks_exact(gb.max(1)) {
+            unpack(self.ty, k, src, &mut row);
         }
         row
     }
@@ -161,7 +232,7 @@ pub fn matmul_repacked_at(
     check_len("matmul input x", n_tokens, w.cols, x.len())?;
     check_len("matmul output", n_tokens, w.rows, out.len())?;
     scratch.quantize_rows_into(w.ty, x, n_tokens)?;
-    scratch.prepare_q8_1_sums();
+    scratch.prepare_block_sums();
     let level = level.clamp_to_hardware();
     let acts = &*scratch;
     let rows = w.rows;
@@ -174,18 +245,18 @@ pub fn matmul_repacked_at(
     let ptr = OutPtr(out.as_mut_ptr());
     pool.run(groups.div_ceil(per_task), &|task| {
         let g_end = ((task + 1) * per_task).min(groups);
-        for g in task * per_task..g_end {
-            let blocks = w.group(g);
-            let live = GROUP_ROWS.min(rows - g * GROUP_ROWS);
-            for t0 in (0..n_tokens).step_by(TOKEN_TILE) {
-                let t1 = (t0 + TOKEN_TILE).min(n_tokens);
-                let mut buf = [[0f32; GROUP_ROWS]; TOKEN_TILE];
-                group_tile(level, w, g, blocks, acts, t0..t1, &mut buf);
+        let mut buf = [[0f32; GROUP_ROWS]; TOKEN_TILE];
+        for t0 in (0..n_tokens).step_by(TOKEN_TILE) {
+            let t1 = (t0 + TOKEN_TILE).min(n_tokens);
+            for g in task * per_task..g_end {
+                let live = GROUP_ROWS.min(rows - g * GROUP_ROWS);
+                group_tile(level, w, g, acts, t0..t1, &mut buf);
                 for (k, vals) in buf[..t1 - t0].iter().enumerate() {
-                    for (i, &v) in vals[..live].iter().enumerate() {
-                        // SAFETY: t0 + k < n_tokens and g·16 + i < rows: inside `out`; tasks
-                        // own disjoint groups of rows.
-                        unsafe { *ptr.get().add((t0 + k) * rows + g * GROUP_ROWS + i) = v };
+                    // SAFETY: t0 + k < n_tokens and g·16 + live ≤ rows: inside `out`; tasks
+                    // own disjoint groups of rows, so no two write the same elements.
+                    unsafe {
+                        let dst = ptr.get().add((t0 + k) * rows + g * GROUP_ROWS);
+                        std::ptr::copy_nonoverlapping(vals.as_ptr(), dst, live);
                     }
                 }
             }
@@ -206,9 +277,16 @@ impl OutPtr {
     }
 }
 
-fn act_row(acts: &QuantizedActivations, t: usize) -> &[BlockQ8_1] {
+fn q8_1_row(acts: &QuantizedActivations, t: usize) -> &[BlockQ8_1] {
     match acts.row(t) {
         Some(ActRow::Q8_1(b)) => b,
+        _ => &[],
+    }
+}
+
+fn q8_0_row(acts: &QuantizedActivations, t: usize) -> &[BlockQ8_0] {
+    match acts.row(t) {
+        Some(ActRow::Q8_0(b)) => b,
         _ => &[],
     }
 }
@@ -219,41 +297,50 @@ fn group_tile(
     level: CpuLevel,
     w: &RepackedMatrix,
     g: usize,
-    blocks: &[[u8; Q4_1X16_BYTES]],
     acts: &QuantizedActivations,
     ts: std::ops::Range<usize>,
     buf: &mut [[f32; GROUP_ROWS]; TOKEN_TILE],
 ) {
     #[cfg(target_arch = "x86_64")]
     if level >= CpuLevel::Avx512 {
+        use crate::dot::avx512;
+        let group = w.group(g);
         macro_rules! arms {
-            ($($n:literal)*) => {
+            ($kernel:ident, $rows:ident, $B:expr; $($n:literal)*) => {
                 match ts.len() {
                     $($n => {
-                        let rows: [&[BlockQ8_1]; $n] =
-                            std::array::from_fn(|k| act_row(acts, ts.start + k));
+                        let rows: [_; $n] = std::array::from_fn(|k| $rows(acts, ts.start + k));
                         let sums: [&[f32]; $n] = std::array::from_fn(|k| {
-                            acts.row_q8_1_sums(ts.start + k).unwrap_or(&[])
+                            acts.row_block_sums(ts.start + k).unwrap_or(&[])
                         });
                         let out = buf.first_chunk_mut::<$n>().expect("tile <= TOKEN_TILE");
+                        let blocks = group.as_chunks::<{ $B }>().0;
                         // SAFETY: the level is clamped to the hardware, which has AVX-512.
-                        unsafe {
-                            crate::dot::avx512::q4_1x16_q8_1::<$n>(blocks, rows, sums, out)
-                        };
+                        unsafe { avx512::$kernel::<$n>(blocks, rows, sums, out) };
                     })*
                     _ => {}
                 }
             };
         }
-        arms!(1 2 3 4 5 6 7 8);
+        match w.ty {
+            GgmlType::Q4_1 => arms!(q4_1x16_q8_1, q8_1_row, Q4_1X16_BYTES; 1 2 3 4 5 6 7 8),
+            GgmlType::Q8_0 => arms!(q8_0x16_q8_0, q8_0_row, Q8_0X16_BYTES; 1 2 3 4 5 6 7 8),
+            GgmlType::Q5_0 => arms!(q5_0x16_q8_0, q8_0_row, Q5_0X16_BYTES; 1 2 3 4 5 6 7 8),
+            _ => {}
+        }
         return;
     }
-    let _ = blocks;
     for i in 0..GROUP_ROWS.min(w.rows - g * GROUP_ROWS) {
         let row = w.file_row(g * GROUP_ROWS + i);
         for (out, t) in buf.iter_mut().zip(ts.clone()) {
-            let sums = acts.row_q8_1_sums(t).unwrap_or(&[]);
-            out[i] = q4_1_reference(&row, act_row(acts, t), sums);
+            out[i] = match (w.ty, acts.row(t)) {
+                (GgmlType::Q4_1, _) => {
+                    let sums = acts.row_block_sums(t).unwrap_or(&[]);
+                    q4_1_reference(&row, q8_1_row(acts, t), sums)
+                }
+                (ty, Some(a)) => dot_unchecked(CpuLevel::Scalar, ty, &row, a),
+                (_, None) => 0.0,
+            };
         }
     }
 }
@@ -281,7 +368,11 @@ mod tests {
     use crate::level::supported_levels;
     use crate::matmul::matmul_at;
 
-    fn q4_1_matrix(rows: usize, cols: usize, seed: u32) -> Vec<u8> {
+    const TYPES: [GgmlType; 3] = [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0];
+
+    /// Random blocks of `ty` (scales below 0.05, Q4_1 minimums above −0.2), and the largest
+    /// |weight| they can hold.
+    fn matrix(ty: GgmlType, rows: usize, cols: usize, seed: u32) -> (Vec<u8>, f32) {
         let mut x = seed;
         let mut next = move || {
             x ^= x << 13;
@@ -292,45 +383,59 @@ mod tests {
         let mut data = Vec::new();
         for _ in 0..rows * cols / 32 {
             let d = half::f16::from_f32((next() % 1000) as f32 / 20_000.0);
-            let m = half::f16::from_f32(-((next() % 1000) as f32) / 5_000.0);
             data.extend_from_slice(&d.to_le_bytes());
-            data.extend_from_slice(&m.to_le_bytes());
-            data.extend((0..16).map(|_| next() as u8));
+            match ty {
+                GgmlType::Q4_1 => {
+                    let m = half::f16::from_f32(-((next() % 1000) as f32) / 5_000.0);
+                    data.extend_from_slice(&m.to_le_bytes());
+                    data.extend((0..16).map(|_| next() as u8));
+                }
+                GgmlType::Q8_0 => data.extend((0..32).map(|_| next() as u8)),
+                GgmlType::Q5_0 => data.extend((0..20).map(|_| next() as u8)),
+                _ => unreachable!(),
+            }
         }
-        data
+        let wmax = match ty {
+            GgmlType::Q4_1 => 15.0 * 0.05 + 0.2,
+            GgmlType::Q8_0 => 128.0 * 0.05,
+            _ => 16.0 * 0.05,
+        };
+        (data, wmax)
     }
 
     #[test]
     fn file_rows_survive_the_round_trip() {
-        let (rows, cols) = (37, 96);
-        let data = q4_1_matrix(rows, cols, 1);
-        let w =
-            RepackedMatrix::new(&QMatrix::new(GgmlType::Q4_1, rows, cols, &data).unwrap()).unwrap();
-        assert_eq!(w.size_bytes(), 48 * 3 * Q4_1_BYTES);
-        for r in 0..rows {
-            assert_eq!(w.file_row(r), data[r * 60..(r + 1) * 60], "row {r}");
+        for ty in TYPES {
+            let (rows, cols) = (37, 96);
+            let (data, _) = matrix(ty, rows, cols, 1);
+            let rb = data.len() / rows;
+            let w = RepackedMatrix::new(&QMatrix::new(ty, rows, cols, &data).unwrap()).unwrap();
+            assert_eq!(w.size_bytes(), 48 * rb, "{ty:?}");
+            for r in 0..rows {
+                assert_eq!(w.file_row(r), data[r * rb..(r + 1) * rb], "{ty:?} row {r}");
+            }
         }
     }
 
     #[test]
-    fn only_q4_1_repacks() {
-        let data = vec![0u8; 34 * 16];
-        let q = QMatrix::new(GgmlType::Q8_0, 16, 32, &data).unwrap();
+    fn other_types_do_not_repack() {
+        let data = vec![0u8; 144 * 16];
+        let q = QMatrix::new(GgmlType::Q4_K, 16, 256, &data).unwrap();
         assert!(RepackedMatrix::new(&q).is_err());
-        assert!(!RepackedMatrix::worthwhile(
-            CpuLevel::Avx512,
-            GgmlType::Q8_0
-        ));
+        assert!(!RepackedMatrix::worthwhile(CpuLevel::Avx512, GgmlType::Q4_K));
+        assert!(!RepackedMatrix::worthwhile(CpuLevel::Avx2, GgmlType::Q8_0));
     }
 
-    /// Every level, every tile width and a ragged last group agree with the scalar reference
-    /// within float rounding, and with the row kernels on the file layout within that plus the
-    /// f16 rounding of their `s`; decode (one token) and prefill agree to the bit.
+    /// Every type, level, tile width and a ragged last group agree with the scalar reference
+    /// within float rounding, and with the row kernels on the file layout within that (plus,
+    /// for Q4_1, the f16 rounding of their `s`); decode (one token) and prefill agree to the
+    /// bit.
     #[test]
     fn repacked_matmul_matches_the_scalar_row_kernel() {
-        for (rows, cols, tokens) in [(48, 576, 13), (21, 64, 8), (16, 32, 1), (35, 1536, 3)] {
-            let data = q4_1_matrix(rows, cols, rows as u32);
-            let q = QMatrix::new(GgmlType::Q4_1, rows, cols, &data).unwrap();
+        let shapes = [(48, 576, 13), (21, 64, 8), (16, 32, 1), (35, 1536, 3)];
+        for (ty, (rows, cols, tokens)) in TYPES.into_iter().flat_map(|t| shapes.map(|s| (t, s))) {
+            let (data, wmax) = matrix(ty, rows, cols, rows as u32);
+            let q = QMatrix::new(ty, rows, cols, &data).unwrap();
             let w = RepackedMatrix::new(&q).unwrap();
             let mut s = 7u32;
             let x: Vec<f32> = (0..tokens * cols)
@@ -339,44 +444,30 @@ mod tests {
                     ((s >> 8) % 2001) as f32 / 1000.0 - 1.0
                 })
                 .collect();
+            // Σ|terms| ≤ cols · max|w| · max|x|, with |x| ≤ 1.
+            let rounding = 1e-5 * cols as f32 * wmax;
             let mut scratch = QuantizedActivations::new();
             let mut want = vec![0f32; tokens * rows];
             matmul_at(CpuLevel::Scalar, &q, &x, tokens, &mut want, &mut scratch).unwrap();
             let mut reference = vec![0f32; tokens * rows];
-            matmul_repacked_at(
-                CpuLevel::Scalar,
-                &w,
-                &x,
-                tokens,
-                &mut reference,
-                &mut scratch,
-            )
-            .unwrap();
+            matmul_repacked_at(CpuLevel::Scalar, &w, &x, tokens, &mut reference, &mut scratch)
+                .unwrap();
             for level in supported_levels() {
                 let mut got = vec![0f32; tokens * rows];
                 matmul_repacked_at(level, &w, &x, tokens, &mut got, &mut scratch).unwrap();
-                // Against the kernel's own reference: float rounding only.
                 for (i, (g, e)) in got.iter().zip(&reference).enumerate() {
-                    assert!(
-                        (g - e).abs() <= 1e-5 * cols as f32 * 2.0,
-                        "{level:?} {i}: {g} {e}"
-                    );
+                    assert!((g - e).abs() <= rounding, "{ty:?} {level:?} {i}: {g} {e}");
                 }
+                // Q4_1's `s` is f16: 2^-11 · |s| ≤ 32 · |m| < 0.2 per block.
+                let s_round = if ty == GgmlType::Q4_1 { 0.0032 } else { 0.0 };
+                let tol = rounding + (cols / 32) as f32 * s_round;
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                    // Σ|terms| ≤ cols · max|w| · max|x| with |w| < 2, |x| ≤ 1; the f16
-                    // rounding of the row kernel's `s` (|s| ≤ 32, |m| < 0.2) adds up to
-                    // 2^-11 · 32 · 0.2 per block.
-                    let tol = 1e-5 * cols as f32 * 2.0 + (cols / 32) as f32 * 0.0032;
-                    assert!((g - e).abs() <= tol, "{level:?} {i}: {g} {e}");
+                    assert!((g - e).abs() <= tol, "{ty:?} {level:?} {i}: {g} {e}");
                 }
                 let last = &x[(tokens - 1) * cols..];
                 let mut one = vec![0f32; rows];
                 matmul_repacked_at(level, &w, last, 1, &mut one, &mut scratch).unwrap();
-                assert_eq!(
-                    one,
-                    got[(tokens - 1) * rows..],
-                    "{level:?}: decode vs prefill"
-                );
+                assert_eq!(one, got[(tokens - 1) * rows..], "{ty:?} {level:?}: decode");
             }
         }
     }

@@ -228,9 +228,9 @@ pub struct QuantizedActivations {
     /// Interleaved copy of the Q8_0 rows for the AVX-512 tiles, built on demand.
     q8_0x4: Vec<BlockQ8_0x4>,
     x4_ready: bool,
-    /// Exact `f16(d)·Σq` of every Q8_1 block (the block's own `s` is rounded to f16), for the
-    /// repacked kernels; built on demand.
-    q8_1_sums: Vec<f32>,
+    /// Per block, for the repacked kernels (built on demand): Q8_1, the exact `f16(d)·Σq` (the
+    /// block's own `s` is rounded to f16); Q8_0, the integer `Σq`.
+    block_sums: Vec<f32>,
     sums_ready: bool,
 }
 
@@ -253,7 +253,7 @@ impl QuantizedActivations {
             q8k: Vec::new(),
             q8_0x4: Vec::new(),
             x4_ready: false,
-            q8_1_sums: Vec::new(),
+            block_sums: Vec::new(),
             sums_ready: false,
         }
     }
@@ -347,31 +347,37 @@ impl QuantizedActivations {
         self.x4_ready = true;
     }
 
-    /// Builds [`QuantizedActivations::row_q8_1_sums`] for the current Q8_1 rows (no-op for
-    /// other formats or when already built): `f16(d)·Σq`, the sum of the block's dequantized
-    /// values, exact in f32 (an 11-bit significand times an integer below 2^12). ggml's `s`
+    /// Builds [`QuantizedActivations::row_block_sums`] for the current rows (no-op for the
+    /// formats without them, or when already built). Both kinds are exact in f32: `|Σq|` is
+    /// below 2^12, and `f16(d)·Σq` an 11-bit significand times such an integer. ggml's Q8_1 `s`
     /// rounds `d·Σq` to f16 with the unrounded `d`.
-    pub(crate) fn prepare_q8_1_sums(&mut self) {
-        if self.sums_ready || self.format != ActFormat::Q8_1 {
+    pub(crate) fn prepare_block_sums(&mut self) {
+        if self.sums_ready {
             return;
         }
-        let n = self.n_rows * (self.cols / QK);
-        self.q8_1_sums.clear();
-        self.q8_1_sums.extend(self.q8_1[..n].iter().map(|b| {
-            let sum: i32 = b.qs.iter().map(|&q| i32::from(q)).sum();
-            b.d.to_f32() * sum as f32
-        }));
+        let per = self.cols / QK;
+        let n = self.n_rows * per;
+        let isum = |qs: &[i8; 32]| qs.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
+        self.block_sums.clear();
+        match self.format {
+            ActFormat::Q8_1 => self
+                .block_sums
+                .extend(self.q8_1[..n].iter().map(|b| b.d.to_f32() * isum(&b.qs))),
+            ActFormat::Q8_0 => self
+                .block_sums
+                .extend(self.q8_0[..n].iter().map(|b| isum(&b.qs))),
+            ActFormat::F32 | ActFormat::Q8K => return,
+        }
         self.sums_ready = true;
     }
 
-    /// Row `t` of the exact Q8_1 block sums, or `None` if they are not built or `t` is out of
-    /// range.
-    pub(crate) fn row_q8_1_sums(&self, t: usize) -> Option<&[f32]> {
+    /// Row `t` of the block sums, or `None` if they are not built or `t` is out of range.
+    pub(crate) fn row_block_sums(&self, t: usize) -> Option<&[f32]> {
         if !self.sums_ready || t >= self.n_rows {
             return None;
         }
         let per = self.cols / QK;
-        self.q8_1_sums.get(t * per..(t + 1) * per)
+        self.block_sums.get(t * per..(t + 1) * per)
     }
 
     /// Row `t` of the interleaved copy, or `None` if it is not built or `t` is out of range.

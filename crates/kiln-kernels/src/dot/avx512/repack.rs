@@ -1,4 +1,4 @@
-//! AVX-512 VNNI kernel for Q4_1 weights repacked 16 rows at a time
+//! AVX-512 VNNI kernels for Q4_1, Q8_0 and Q5_0 weights repacked 16 rows at a time
 //! ([`crate::repack`]): the sixteen 32-bit lanes of a vector are sixteen weight rows, so one
 //! `vpdpbusd` multiplies four codes of every row by the same four activation bytes (a
 //! broadcast), and after eight of them each lane holds its row's whole block sum. Per block
@@ -6,9 +6,9 @@
 //! the row kernels spend about that per row pair. The result of every token is a vector of
 //! 16 consecutive outputs, stored as is.
 
-use crate::blocks::BlockQ8_1;
+use crate::blocks::{BlockQ8_0, BlockQ8_1};
 use crate::dot::avx2::f16c;
-use crate::repack::Q4_1X16_BYTES;
+use crate::repack::{Q4_1X16_BYTES, Q5_0X16_BYTES, Q8_0X16_BYTES};
 use std::arch::x86_64::*;
 
 /// Q4_1 weights of one 16-row group (`w`, one entry per block along the row) × `N` Q8_1
@@ -67,6 +67,102 @@ pub fn q4_1x16_q8_1<const N: usize>(
             let d = _mm512_mul_ps(dw, _mm512_set1_ps(f16c(y.d)));
             acc[t] = _mm512_fmadd_ps(d, s, acc[t]);
             acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sums[t][b]), acc[t]);
+        }
+    }
+    for t in 0..N {
+        // SAFETY: `out[t]` is 16 floats.
+        unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+    }
+}
+
+/// Q8_0 weights of one 16-row group × `N` Q8_0 activation rows, as [`q4_1x16_q8_1`]; `sums[t]`
+/// are the activation blocks' integer `Σq`. The codes are stored as `w + 128` (unsigned, as
+/// `vpdpbusd` wants them), so `128·Σq` is taken off each block's integer sum.
+///
+/// # Safety
+/// The CPU must support the [`crate::CpuLevel::Avx512`] feature set.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub fn q8_0x16_q8_0<const N: usize>(
+    w: &[[u8; Q8_0X16_BYTES]],
+    a: [&[BlockQ8_0]; N],
+    sums: [&[f32]; N],
+    out: &mut [[f32; 16]; N],
+) {
+    offset_codes_x16(w, 128, a, sums, out, |g| {
+        // SAFETY: the eight code vectors lie at 32..544 of the 544-byte group block.
+        std::array::from_fn(|i| unsafe { _mm512_loadu_si512(g.as_ptr().add(32 + 64 * i).cast()) })
+    })
+}
+
+/// Q5_0 weights of one 16-row group × `N` Q8_0 activation rows, as [`q8_0x16_q8_0`]: codes
+/// `nibble + 16·bit` (`w + 16`), the 5th bits stored as one 64-bit byte mask per code vector.
+///
+/// # Safety
+/// The CPU must support the [`crate::CpuLevel::Avx512`] feature set.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub fn q5_0x16_q8_0<const N: usize>(
+    w: &[[u8; Q5_0X16_BYTES]],
+    a: [&[BlockQ8_0]; N],
+    sums: [&[f32]; N],
+    out: &mut [[f32; 16]; N],
+) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(16);
+    offset_codes_x16(w, 16, a, sums, out, |g| {
+        // SAFETY: masks at 32..96, the four nibble vectors at 96..352 of the 352-byte block.
+        let (p, masks) = unsafe {
+            let base = g.as_ptr();
+            let p: [__m512i; 4] =
+                std::array::from_fn(|j| _mm512_loadu_si512(base.add(96 + 64 * j).cast()));
+            let masks: [u64; 8] =
+                std::array::from_fn(|i| base.add(32 + 8 * i).cast::<u64>().read_unaligned());
+            (p, masks)
+        };
+        std::array::from_fn(|i| {
+            let nib = if i < 4 {
+                _mm512_and_si512(p[i], m4)
+            } else {
+                _mm512_and_si512(_mm512_srli_epi16::<4>(p[i - 4]), m4)
+            };
+            _mm512_mask_add_epi8(nib, u64::from_le(masks[i]), nib, sixteen)
+        })
+    })
+}
+
+/// Shared body of the Q8_0-activation kernels: `decode` gives a group block's eight code
+/// vectors (codes `w + offset`, vector `i` = codes `4i..4i + 4` of every row); the scales are
+/// the block's first 32 bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn offset_codes_x16<const B: usize, const N: usize>(
+    w: &[[u8; B]],
+    offset: i32,
+    a: [&[BlockQ8_0]; N],
+    sums: [&[f32]; N],
+    out: &mut [[f32; 16]; N],
+    decode: impl Fn(&[u8; B]) -> [__m512i; 8],
+) {
+    let nb = a.iter().fold(w.len(), |n, r| n.min(r.len()));
+    let nb = sums.iter().fold(nb, |n, r| n.min(r.len()));
+    let mut acc = [_mm512_setzero_ps(); N];
+    for (b, g) in w[..nb].iter().enumerate() {
+        // SAFETY: the 16 f16 scales are the first 32 bytes of every group block (B ≥ 32).
+        let dw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(g.as_ptr().cast())) };
+        let v = decode(g);
+        for t in 0..N {
+            let y = &a[t][b];
+            let q = y.qs.as_ptr().cast::<i32>();
+            // |Σq| < 2^12, so the f32 sum is an exact integer.
+            let mut s0 = _mm512_set1_epi32(-offset * sums[t][b] as i32);
+            let mut s1 = _mm512_setzero_si512();
+            for i in (0..8).step_by(2) {
+                // SAFETY: reads bytes 4i..4i + 8 of the 32-byte `qs`.
+                let (y0, y1) = unsafe { (q.add(i).read_unaligned(), q.add(i + 1).read_unaligned()) };
+                s0 = _mm512_dpbusd_epi32(s0, v[i], _mm512_set1_epi32(y0));
+                s1 = _mm512_dpbusd_epi32(s1, v[i + 1], _mm512_set1_epi32(y1));
+            }
+            let s = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(f16c(y.d))), s, acc[t]);
         }
     }
     for t in 0..N {

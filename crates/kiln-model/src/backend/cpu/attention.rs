@@ -179,8 +179,11 @@ fn attend_block(
         if let Some((rk, _)) = rotations {
             query.chunks_exact_mut(hd).for_each(|h| rk.rotate(h));
         }
-        scores.clear();
-        scores.resize(nq * n, 0.0);
+        // Every score is written by the tiles below: only grow, never clear.
+        if scores.len() < nq * n {
+            scores.resize(nq * n, 0.0);
+        }
+        let scores = &mut scores[..nq * n];
         for t0 in (0..n).step_by(TILE) {
             let len = TILE.min(n - t0);
             let (rows, stride) = cell.keys(codec, g, lo + t0, len, tile);
