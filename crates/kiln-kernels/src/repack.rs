@@ -422,7 +422,10 @@ mod tests {
         let data = vec![0u8; 144 * 16];
         let q = QMatrix::new(GgmlType::Q4_K, 16, 256, &data).unwrap();
         assert!(RepackedMatrix::new(&q).is_err());
-        assert!(!RepackedMatrix::worthwhile(CpuLevel::Avx512, GgmlType::Q4_K));
+        assert!(!RepackedMatrix::worthwhile(
+            CpuLevel::Avx512,
+            GgmlType::Q4_K
+        ));
         assert!(!RepackedMatrix::worthwhile(CpuLevel::Avx2, GgmlType::Q8_0));
     }
 
@@ -450,8 +453,15 @@ mod tests {
             let mut want = vec![0f32; tokens * rows];
             matmul_at(CpuLevel::Scalar, &q, &x, tokens, &mut want, &mut scratch).unwrap();
             let mut reference = vec![0f32; tokens * rows];
-            matmul_repacked_at(CpuLevel::Scalar, &w, &x, tokens, &mut reference, &mut scratch)
-                .unwrap();
+            matmul_repacked_at(
+                CpuLevel::Scalar,
+                &w,
+                &x,
+                tokens,
+                &mut reference,
+                &mut scratch,
+            )
+            .unwrap();
             for level in supported_levels() {
                 let mut got = vec![0f32; tokens * rows];
                 matmul_repacked_at(level, &w, &x, tokens, &mut got, &mut scratch).unwrap();

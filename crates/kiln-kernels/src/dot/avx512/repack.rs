@@ -157,7 +157,8 @@ fn offset_codes_x16<const B: usize, const N: usize>(
             let mut s1 = _mm512_setzero_si512();
             for i in (0..8).step_by(2) {
                 // SAFETY: reads bytes 4i..4i + 8 of the 32-byte `qs`.
-                let (y0, y1) = unsafe { (q.add(i).read_unaligned(), q.add(i + 1).read_unaligned()) };
+                let (y0, y1) =
+                    unsafe { (q.add(i).read_unaligned(), q.add(i + 1).read_unaligned()) };
                 s0 = _mm512_dpbusd_epi32(s0, v[i], _mm512_set1_epi32(y0));
                 s1 = _mm512_dpbusd_epi32(s1, v[i + 1], _mm512_set1_epi32(y1));
             }

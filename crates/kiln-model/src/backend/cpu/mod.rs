@@ -203,9 +203,9 @@ impl Backend for CpuBackend {
     fn rms_norm(&self, x: &HostAct, w: &Vec<f32>, eps: f32, offset: f32) -> HostAct {
         let _timer = Timer::new(&self.other_ns);
         let mut out = x.clone();
-        for row in out.data.chunks_exact_mut(x.cols) {
-            elementwise::rms_norm_in_place(row, w, eps, offset);
-        }
+        par_rows(&mut out.data, x.cols, |_, row| {
+            elementwise::rms_norm_in_place(row, w, eps, offset)
+        });
         out
     }
 
@@ -269,14 +269,13 @@ impl Backend for CpuBackend {
     fn rope(&self, x: &mut HostAct, head_dim: usize, angles: &RopeAngles) {
         let _timer = Timer::new(&self.other_ns);
         let half = angles.inv_freq.len();
-        let cols = x.cols;
-        for (t, row) in x.data.chunks_exact_mut(cols).enumerate() {
+        par_rows(&mut x.data, x.cols, |t, row| {
             let (cos, sin) = (
                 &angles.cos[t * half..(t + 1) * half],
                 &angles.sin[t * half..(t + 1) * half],
             );
             elementwise::rope_row(row, head_dim, cos, sin);
-        }
+        });
     }
 
     fn attention(
@@ -305,13 +304,20 @@ impl Backend for CpuBackend {
     fn glu(&self, gate: &HostAct, up: &HostAct, act: Activation) -> HostAct {
         let _timer = Timer::new(&self.other_ns);
         let mut out = gate.clone();
-        elementwise::glu_in_place(&mut out.data, &up.data, act);
+        let cols = gate.cols;
+        par_rows(&mut out.data, cols, |r, row| {
+            elementwise::glu_in_place(row, &up.data[r * cols..(r + 1) * cols], act)
+        });
         out
     }
 
     fn add_assign(&self, x: &mut HostAct, y: &HostAct) {
         let _timer = Timer::new(&self.other_ns);
-        x.data.iter_mut().zip(&y.data).for_each(|(a, b)| *a += b);
+        let cols = x.cols;
+        par_rows(&mut x.data, cols, |r, row| {
+            let src = &y.data[r * cols..(r + 1) * cols];
+            row.iter_mut().zip(src).for_each(|(a, b)| *a += b);
+        });
     }
 
     fn gather_rows(&self, x: &HostAct, rows: &[usize]) -> HostAct {
@@ -334,6 +340,28 @@ impl Backend for CpuBackend {
             other_ns: self.other_ns.swap(0, Ordering::Relaxed),
         })
     }
+}
+
+/// Runs `f(row index, row)` on every `cols`-wide row of `data`; across the pool when there is
+/// enough work to pay for the dispatch (a prefill chunk), in place otherwise (a decode step).
+/// Rows are independent, so the result does not depend on the split.
+fn par_rows(data: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    const MIN_PARALLEL: usize = 1 << 14;
+    if cols == 0 {
+        return;
+    }
+    if data.len() < MIN_PARALLEL {
+        data.chunks_exact_mut(cols)
+            .enumerate()
+            .for_each(|(r, row)| f(r, row));
+        return;
+    }
+    let per_piece = (MIN_PARALLEL / 4 / cols).max(1);
+    kiln_kernels::pool::for_each_chunk_mut(data, per_piece * cols, 1, |c, piece| {
+        for (i, row) in piece.chunks_exact_mut(cols).enumerate() {
+            f(c * per_piece + i, row);
+        }
+    });
 }
 
 /// Charges the lifetime of the guard to a counter.
