@@ -16,6 +16,7 @@ mod dequant_k;
 pub mod dot;
 pub mod error;
 pub mod exact;
+pub mod head16;
 pub mod interleave;
 pub mod kvquant;
 pub mod level;

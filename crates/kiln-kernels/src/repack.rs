@@ -30,6 +30,7 @@ use crate::matmul::{QMatrix, check_len};
 use crate::quantize::{ActRow, QuantizedActivations};
 use crate::tile::TOKEN_TILE;
 use crate::types::GgmlType;
+use std::ops::Range;
 
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 16;
@@ -189,7 +190,7 @@ impl RepackedMatrix {
     }
 
     /// Group `g`'s bytes.
-    fn group(&self, g: usize) -> &[u8] {
+    pub(crate) fn group(&self, g: usize) -> &[u8] {
         let stripe = GROUP_ROWS * (self.cols / 32) * file_block_bytes(self.ty).unwrap_or(0);
         &self.data[g * stripe..(g + 1) * stripe]
     }
@@ -235,10 +236,24 @@ pub fn matmul_repacked_at(
     scratch.prepare_block_sums();
     let level = level.clamp_to_hardware();
     let acts = &*scratch;
-    let rows = w.rows;
+    par_groups(w.rows, n_tokens, out, &|g, ts, buf| {
+        group_tile(level, w, g, acts, ts, buf)
+    });
+    Ok(())
+}
+
+/// Callback of [`par_groups`]: group `g` against the tokens `ts` into `buf[k][i]` (row
+/// `16g + i`, token `ts.start + k`).
+pub(crate) type GroupTile<'a> =
+    dyn Fn(usize, Range<usize>, &mut [[f32; GROUP_ROWS]; TOKEN_TILE]) + Sync + 'a;
+
+/// Runs `tile` for every group of `rows` rows and every token tile, writing
+/// `out[t * rows + r]`: groups are split across the pool; inside a task, token tiles are the
+/// outer loop so the tile's activations stay in L1 while the task's weights come from L2.
+pub(crate) fn par_groups(rows: usize, n_tokens: usize, out: &mut [f32], tile: &GroupTile<'_>) {
     let groups = rows.div_ceil(GROUP_ROWS);
     if groups == 0 || n_tokens == 0 {
-        return Ok(());
+        return;
     }
     let pool = crate::pool::global();
     let per_task = groups.div_ceil(pool.threads() * 4).max(1);
@@ -250,7 +265,7 @@ pub fn matmul_repacked_at(
             let t1 = (t0 + TOKEN_TILE).min(n_tokens);
             for g in task * per_task..g_end {
                 let live = GROUP_ROWS.min(rows - g * GROUP_ROWS);
-                group_tile(level, w, g, acts, t0..t1, &mut buf);
+                tile(g, t0..t1, &mut buf);
                 for (k, vals) in buf[..t1 - t0].iter().enumerate() {
                     // SAFETY: t0 + k < n_tokens and g·16 + live ≤ rows: inside `out`; tasks
                     // own disjoint groups of rows, so no two write the same elements.
@@ -262,7 +277,6 @@ pub fn matmul_repacked_at(
             }
         }
     });
-    Ok(())
 }
 
 /// Output pointer shared by tasks that write disjoint rows.
@@ -298,7 +312,7 @@ fn group_tile(
     w: &RepackedMatrix,
     g: usize,
     acts: &QuantizedActivations,
-    ts: std::ops::Range<usize>,
+    ts: Range<usize>,
     buf: &mut [[f32; GROUP_ROWS]; TOKEN_TILE],
 ) {
     #[cfg(target_arch = "x86_64")]

@@ -6,12 +6,14 @@
 //!
 //! Safety: every function requires [`crate::CpuLevel::Avx512`] (which includes the AVX2 set).
 
+mod head16;
 mod kquant;
 mod legacy;
 mod repack;
 mod tile;
 mod tile_k;
 
+pub use head16::*;
 pub use kquant::*;
 pub use legacy::*;
 pub use repack::*;

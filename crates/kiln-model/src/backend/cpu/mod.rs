@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use kiln_kernels::head16::{Q16Activations, matmul_repacked_q16};
 use kiln_kernels::repack::{RepackedMatrix, matmul_repacked};
 use kiln_kernels::{GgmlType, QMatrix, QuantizedActivations};
 
@@ -58,20 +59,23 @@ pub enum CpuMatrix {
     /// Quantized rows interleaved 16 at a time for the AVX-512 VNNI kernels
     /// (`kiln_kernels::repack`).
     Repacked(RepackedMatrix),
+    /// An output head (see `f32_activations`) of Q8_0 rows interleaved as `Repacked`, run with
+    /// 16-bit activations (`kiln_kernels::head16`).
+    RepackedHead(RepackedMatrix),
 }
 
 impl CpuMatrix {
     fn rows(&self) -> usize {
         match self {
             Self::F32 { rows, .. } | Self::Quant { rows, .. } => *rows,
-            Self::Repacked(m) => m.rows(),
+            Self::Repacked(m) | Self::RepackedHead(m) => m.rows(),
         }
     }
 
     fn cols(&self) -> usize {
         match self {
             Self::F32 { cols, .. } | Self::Quant { cols, .. } => *cols,
-            Self::Repacked(m) => m.cols(),
+            Self::Repacked(m) | Self::RepackedHead(m) => m.cols(),
         }
     }
 
@@ -80,7 +84,7 @@ impl CpuMatrix {
         match self {
             Self::F32 { data, .. } => data.len() * 4,
             Self::Quant { bytes, .. } => bytes.len(),
-            Self::Repacked(m) => m.size_bytes(),
+            Self::Repacked(m) | Self::RepackedHead(m) => m.size_bytes(),
         }
     }
 }
@@ -90,6 +94,8 @@ pub struct CpuBackend {
     options: CpuOptions,
     /// Reused quantized-activation buffer, so a matmul allocates nothing once warm.
     scratch: Mutex<QuantizedActivations>,
+    /// The same for the output head's 16-bit activations.
+    head_scratch: Mutex<Q16Activations>,
     matmul_ns: AtomicU64,
     attention_ns: AtomicU64,
     other_ns: AtomicU64,
@@ -107,6 +113,7 @@ impl CpuBackend {
         Self {
             options,
             scratch: Mutex::new(QuantizedActivations::new()),
+            head_scratch: Mutex::new(Q16Activations::new()),
             matmul_ns: AtomicU64::new(0),
             attention_ns: AtomicU64::new(0),
             other_ns: AtomicU64::new(0),
@@ -137,9 +144,15 @@ impl Backend for CpuBackend {
                 cols: t.cols,
             });
         }
-        // The output head (the embedding table when tied) keeps f32 activations: see
-        // `kiln_kernels::exact` for the accuracy this buys.
+        // The output head (the embedding table when tied) keeps its activations unrounded
+        // (f32, `kiln_kernels::exact`, which says what this buys) or, for Q8_0 heads on
+        // AVX-512, at 16 bits (`kiln_kernels::head16`).
         let f32_activations = name == "lm_head.weight" || name == "model.embed_tokens.weight";
+        if f32_activations && kiln_kernels::head16::worthwhile(kiln_kernels::cpu_level(), t.ty) {
+            return Ok(CpuMatrix::RepackedHead(RepackedMatrix::from_file_bytes(
+                t.ty, t.rows, t.cols, t.bytes,
+            )?));
+        }
         if !f32_activations && RepackedMatrix::worthwhile(kiln_kernels::cpu_level(), t.ty) {
             return Ok(CpuMatrix::Repacked(RepackedMatrix::from_file_bytes(
                 t.ty, t.rows, t.cols, t.bytes,
@@ -189,7 +202,7 @@ impl Backend for CpuBackend {
                     let rb = ty.row_bytes(cols)?;
                     kiln_kernels::dequantize_row(*ty, &bytes[r * rb..(r + 1) * rb], dst)?;
                 }
-                CpuMatrix::Repacked(m) => {
+                CpuMatrix::Repacked(m) | CpuMatrix::RepackedHead(m) => {
                     kiln_kernels::dequantize_row(m.ty(), &m.file_row(r), dst)?;
                 }
             }
@@ -254,6 +267,10 @@ impl Backend for CpuBackend {
             CpuMatrix::Repacked(m) => {
                 let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
                 matmul_repacked(m, &x.data, x.rows, &mut out.data, &mut scratch)?;
+            }
+            CpuMatrix::RepackedHead(m) => {
+                let mut scratch = self.head_scratch.lock().unwrap_or_else(|p| p.into_inner());
+                matmul_repacked_q16(m, &x.data, x.rows, &mut out.data, &mut scratch)?;
             }
         }
         Ok(out)
