@@ -409,7 +409,6 @@ fn attend<'a>(
                 len,
                 head_dim: hd,
             };
-            // The register-blocked loop gives the per-row loop's bits, several times faster.
             attn_tile::tile_weighted_sum(level, scores, n, t0, t, out_group);
         }
     });
