@@ -234,6 +234,36 @@ pub struct QuantizedActivations {
     sums_ready: bool,
 }
 
+/// Quantizes `x` into `y` (`elems` values per block) with `f`, split across the pool in
+/// pieces of whole blocks when there is enough to pay for a dispatch (a prefill chunk). Blocks
+/// are quantized independently, so the split does not change a byte.
+fn par_blocks<B: Send>(
+    x: &[f32],
+    y: &mut [B],
+    elems: usize,
+    f: impl Fn(&[f32], &mut [B]) -> Result<()> + Sync,
+) -> Result<()> {
+    const MIN_PARALLEL: usize = 1 << 15;
+    const PIECE: usize = 1 << 13;
+    if x.len() < MIN_PARALLEL {
+        return f(x, y);
+    }
+    let per_piece = (PIECE / elems).max(1);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    crate::pool::for_each_chunk_mut(y, per_piece, 1, |c, piece| {
+        let start = c * per_piece * elems;
+        let xs = x.get(start..start + piece.len() * elems).unwrap_or(&[]);
+        if f(xs, piece).is_err() {
+            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    if failed.into_inner() {
+        // The lengths were checked by the caller; redo serially for the error itself.
+        return f(x, y);
+    }
+    Ok(())
+}
+
 impl Default for QuantizedActivations {
     fn default() -> Self {
         Self::new()
@@ -312,15 +342,19 @@ impl QuantizedActivations {
             }
             ActFormat::Q8_0 => {
                 self.q8_0.resize(total, BlockQ8_0::default());
-                quantize_q8_0_at(cpu_level(), x, &mut self.q8_0[..total])?;
+                par_blocks(x, &mut self.q8_0[..total], QK, |x, y| {
+                    quantize_q8_0_at(cpu_level(), x, y)
+                })?;
             }
             ActFormat::Q8_1 => {
                 self.q8_1.resize(total, BlockQ8_1::default());
-                quantize_q8_1_at(cpu_level(), x, &mut self.q8_1[..total])?;
+                par_blocks(x, &mut self.q8_1[..total], QK, |x, y| {
+                    quantize_q8_1_at(cpu_level(), x, y)
+                })?;
             }
             ActFormat::Q8K => {
                 self.q8k.resize(total, BlockQ8K::default());
-                quantize_row_q8_k(x, &mut self.q8k[..total])?;
+                par_blocks(x, &mut self.q8k[..total], QK_K, quantize_row_q8_k)?;
             }
         }
         self.n_rows = n_rows;

@@ -34,23 +34,13 @@ pub fn q4_1x16_q8_1<const N: usize>(
         // minimums at 32..64, the four code vectors at 64..320.
         let (dw, mw, p) = unsafe {
             let base = g.as_ptr();
-            let p: [__m512i; 4] =
-                std::array::from_fn(|j| _mm512_loadu_si512(base.add(64 + 64 * j).cast()));
             (
                 _mm512_cvtph_ps(_mm256_loadu_si256(base.cast())),
                 _mm512_cvtph_ps(_mm256_loadu_si256(base.add(32).cast())),
-                p,
+                vectors::<4>(base.add(64)),
             )
         };
-        // Code vector i holds codes 4i..4i+4 of every row: low nibbles for i < 4, high ones
-        // (codes 16 + 4(i - 4)...) above.
-        let v: [__m512i; 8] = std::array::from_fn(|i| {
-            if i < 4 {
-                _mm512_and_si512(p[i], m4)
-            } else {
-                _mm512_and_si512(_mm512_srli_epi16::<4>(p[i - 4]), m4)
-            }
-        });
+        let v = nibble_codes(&p, m4);
         for t in 0..N {
             let y = &a[t][b];
             let q = y.qs.as_ptr().cast::<i32>();
@@ -90,7 +80,7 @@ pub fn q8_0x16_q8_0<const N: usize>(
 ) {
     offset_codes_x16(w, 128, a, sums, out, |g| {
         // SAFETY: the eight code vectors lie at 32..544 of the 544-byte group block.
-        std::array::from_fn(|i| unsafe { _mm512_loadu_si512(g.as_ptr().add(32 + 64 * i).cast()) })
+        unsafe { vectors::<8>(g.as_ptr().add(32)) }
     })
 }
 
@@ -110,23 +100,44 @@ pub fn q5_0x16_q8_0<const N: usize>(
     let sixteen = _mm512_set1_epi8(16);
     offset_codes_x16(w, 16, a, sums, out, |g| {
         // SAFETY: masks at 32..96, the four nibble vectors at 96..352 of the 352-byte block.
-        let (p, masks) = unsafe {
-            let base = g.as_ptr();
-            let p: [__m512i; 4] =
-                std::array::from_fn(|j| _mm512_loadu_si512(base.add(96 + 64 * j).cast()));
-            let masks: [u64; 8] =
-                std::array::from_fn(|i| base.add(32 + 8 * i).cast::<u64>().read_unaligned());
-            (p, masks)
-        };
-        std::array::from_fn(|i| {
-            let nib = if i < 4 {
-                _mm512_and_si512(p[i], m4)
-            } else {
-                _mm512_and_si512(_mm512_srli_epi16::<4>(p[i - 4]), m4)
-            };
-            _mm512_mask_add_epi8(nib, u64::from_le(masks[i]), nib, sixteen)
-        })
+        let base = g.as_ptr();
+        let p = unsafe { vectors::<4>(base.add(96)) };
+        let mut v = nibble_codes(&p, m4);
+        for (i, v) in v.iter_mut().enumerate() {
+            let mask = u64::from_le(unsafe { base.add(32 + 8 * i).cast::<u64>().read_unaligned() });
+            *v = _mm512_mask_add_epi8(*v, mask, *v, sixteen);
+        }
+        v
     })
+}
+
+/// `K` consecutive 64-byte vectors from `base`. (Kept out of `std::array::from_fn`, whose
+/// closure does not inherit the target features and is not inlined.)
+///
+/// # Safety
+/// `base` must be valid for `64·K` bytes of reads.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn vectors<const K: usize>(base: *const u8) -> [__m512i; K] {
+    let mut v = [_mm512_setzero_si512(); K];
+    for (j, v) in v.iter_mut().enumerate() {
+        // SAFETY: inside the caller's `64·K` bytes.
+        *v = unsafe { _mm512_loadu_si512(base.add(64 * j).cast()) };
+    }
+    v
+}
+
+/// Four packed-nibble vectors → eight code vectors: vector `i` holds codes `4i..4i + 4` of
+/// every row, low nibbles for `i < 4`, high ones (codes `16 + 4(i − 4)..`) above.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn nibble_codes(p: &[__m512i; 4], m4: __m512i) -> [__m512i; 8] {
+    let mut v = [_mm512_setzero_si512(); 8];
+    for j in 0..4 {
+        v[j] = _mm512_and_si512(p[j], m4);
+        v[j + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(p[j]), m4);
+    }
+    v
 }
 
 /// Shared body of the Q8_0-activation kernels: `decode` gives a group block's eight code

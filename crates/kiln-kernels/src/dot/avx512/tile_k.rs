@@ -26,8 +26,13 @@ pub fn q4_k_q8_k_tile<const N: usize>(
     for (i, b) in w[..n].iter().enumerate() {
         let (dw, dmw) = (f16c_at(b, 0), f16c_at(b, 2));
         let (scales, mins) = k4_setup(b);
-        let x: [__m512i; 4] = std::array::from_fn(|j| nibbles64(ld32(b, 16 + 32 * j)));
-        let s: [__m512i; 4] = std::array::from_fn(|j| run_scales(scales, j));
+        // Loops, not `std::array::from_fn`: its closure would not inherit the target features.
+        let mut x = [_mm512_setzero_si512(); 4];
+        let mut s = [_mm512_setzero_si512(); 4];
+        for j in 0..4 {
+            x[j] = nibbles64(ld32(b, 16 + 32 * j));
+            s[j] = run_scales(scales, j);
+        }
         for t in 0..N {
             let y = &a[t][i];
             let dmin = _mm_set1_ps(y.d * dmw);
@@ -80,7 +85,10 @@ pub fn q6_k_q8_k_tile<const N: usize>(
                 m4,
             );
         }
-        let s: [__m512i; 4] = std::array::from_fn(|r| group_scales(scales, 4 * r));
+        let mut s = [_mm512_setzero_si512(); 4];
+        for (r, s) in s.iter_mut().enumerate() {
+            *s = group_scales(scales, 4 * r);
+        }
         for t in 0..N {
             let y = &a[t][i];
             let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(s16, bsums(y)));
