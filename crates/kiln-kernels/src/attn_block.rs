@@ -330,12 +330,12 @@ fn scores_body<K: Kernels<S, RS, W>, const S: usize, const RS: usize, const W: u
         let width = (a.len - j0).min(S);
         for i in (0..nq).step_by(RS) {
             // A last ragged block repeats its final query; the copies' scores are dropped.
-            let acc = K::strip(
-                std::array::from_fn(|r| q_row((i + r).min(nq - 1))),
-                a.kt,
-                a.ld,
-                j0,
-            );
+            // A loop rather than `std::array::from_fn`, which is not inlined here.
+            let mut qs: [&[f32]; RS] = [&[]; RS];
+            for (r, q) in qs.iter_mut().enumerate() {
+                *q = q_row((i + r).min(nq - 1));
+            }
+            let acc = K::strip(qs, a.kt, a.ld, j0);
             for (r, acc) in acc.iter().enumerate().take(nq - i) {
                 let out = &mut s[(i + r) * a.n + a.off + j0..][..width];
                 for (o, v) in out.iter_mut().zip(acc) {
@@ -365,7 +365,10 @@ fn weighted_body<K: Kernels<S, RS, W>, const S: usize, const RS: usize, const W:
         let rows = if i + R <= nq { R } else { 1 };
         for d0 in (0..full).step_by(W) {
             if rows == R {
-                let ws: [&[f32]; R] = std::array::from_fn(|r| w_row(i + r));
+                let mut ws: [&[f32]; R] = [&[]; R];
+                for (r, w) in ws.iter_mut().enumerate() {
+                    *w = w_row(i + r);
+                }
                 K::chunk::<R>(ws, t, d0, &mut out[i * hd..(i + R) * hd]);
             } else {
                 K::chunk::<1>([w_row(i)], t, d0, &mut out[i * hd..(i + 1) * hd]);
