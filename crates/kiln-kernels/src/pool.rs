@@ -227,6 +227,31 @@ pub fn parallel_for(n_tasks: usize, task: impl Fn(usize) + Sync) {
     global().run(n_tasks, &task);
 }
 
+/// Like [`for_each_chunk_mut`] with one piece per task, handed out last piece first: when the
+/// work grows with the index (causal attention over a prompt), the longest pieces start first
+/// and the pool does not end up waiting on one late, long piece.
+pub fn for_each_chunk_mut_last_first<T: Send>(
+    data: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    if data.is_empty() || chunk == 0 {
+        return;
+    }
+    let n_chunks = data.len().div_ceil(chunk);
+    let len = data.len();
+    let base = SendPtr(data.as_mut_ptr());
+    global().run(n_chunks, &|t| {
+        let c = n_chunks - 1 - t;
+        let start = c * chunk;
+        let end = (start + chunk).min(len);
+        // SAFETY: as in `for_each_chunk_mut`: disjoint pieces of a slice borrowed mutably for
+        // the whole call, which returns only after every task has finished.
+        let piece = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), end - start) };
+        f(c, piece);
+    });
+}
+
 /// Splits `data` into `chunk`-sized pieces (the last may be shorter) and runs
 /// `f(index, piece)` for each on the process-wide pool, grouping pieces so each task gets at
 /// least `min_per_task` of them.

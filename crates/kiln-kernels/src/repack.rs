@@ -256,7 +256,10 @@ pub(crate) fn par_groups(rows: usize, n_tokens: usize, out: &mut [f32], tile: &G
         return;
     }
     let pool = crate::pool::global();
-    let per_task = groups.div_ceil(pool.threads() * 4).max(1);
+    // Prefill: small tasks, since the last one to finish is what the other threads wait for.
+    // Decode: a task's few hundred nanoseconds of work would not pay for finer splitting.
+    let split = if n_tokens > 1 { 8 } else { 4 };
+    let per_task = groups.div_ceil(pool.threads() * split).max(1);
     let ptr = OutPtr(out.as_mut_ptr());
     pool.run(groups.div_ceil(per_task), &|task| {
         let g_end = ((task + 1) * per_task).min(groups);

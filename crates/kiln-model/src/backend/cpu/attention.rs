@@ -109,27 +109,32 @@ fn block_attention(
     let threads = kiln_kernels::pool::global().threads();
     let block = q.rows.div_ceil(threads * 4).clamp(1, QUERY_BLOCK);
     let width = p.n_heads * p.head_dim;
-    kiln_kernels::pool::for_each_chunk_mut(&mut out.data, block * width, 1, |b, out_block| {
-        let first = b * block;
-        let end = first + out_block.len() / width;
-        let mut a = first;
-        while a < end {
-            // A block may hold the tail of one sequence and the head of the next.
-            let slot = queries[a].0;
-            let run_end = (a..end).find(|&r| queries[r].0 != slot).unwrap_or(end);
-            let out_run = &mut out_block[(a - first) * width..(run_end - first) * width];
-            for g in 0..p.n_kv_heads {
-                let run = BlockRun {
-                    slot,
-                    rows: a..run_end,
-                    queries,
-                    visible,
-                };
-                attend_block(kv, layer, g, q, &run, p, out_run);
+    // One block per task, the last (longest: it sees the most keys) first.
+    kiln_kernels::pool::for_each_chunk_mut_last_first(
+        &mut out.data,
+        block * width,
+        |b, out_block| {
+            let first = b * block;
+            let end = first + out_block.len() / width;
+            let mut a = first;
+            while a < end {
+                // A block may hold the tail of one sequence and the head of the next.
+                let slot = queries[a].0;
+                let run_end = (a..end).find(|&r| queries[r].0 != slot).unwrap_or(end);
+                let out_run = &mut out_block[(a - first) * width..(run_end - first) * width];
+                for g in 0..p.n_kv_heads {
+                    let run = BlockRun {
+                        slot,
+                        rows: a..run_end,
+                        queries,
+                        visible,
+                    };
+                    attend_block(kv, layer, g, q, &run, p, out_run);
+                }
+                a = run_end;
             }
-            a = run_end;
-        }
-    });
+        },
+    );
 }
 
 /// Consecutive query rows of one sequence.
