@@ -43,17 +43,7 @@ pub fn q4_1x16_q8_1<const N: usize>(
         let v = nibble_codes(&p, m4);
         for t in 0..N {
             let y = &a[t][b];
-            let q = y.qs.as_ptr().cast::<i32>();
-            let mut s0 = _mm512_setzero_si512();
-            let mut s1 = _mm512_setzero_si512();
-            for i in (0..8).step_by(2) {
-                // SAFETY: reads bytes 4i..4i + 8 of the 32-byte `qs`.
-                let (y0, y1) =
-                    unsafe { (q.add(i).read_unaligned(), q.add(i + 1).read_unaligned()) };
-                s0 = _mm512_dpbusd_epi32(s0, v[i], _mm512_set1_epi32(y0));
-                s1 = _mm512_dpbusd_epi32(s1, v[i + 1], _mm512_set1_epi32(y1));
-            }
-            let s = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            let s = _mm512_cvtepi32_ps(block_dot(&v, &y.qs, _mm512_setzero_si512()));
             let d = _mm512_mul_ps(dw, _mm512_set1_ps(f16c(y.d)));
             acc[t] = _mm512_fmadd_ps(d, s, acc[t]);
             acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sums[t][b]), acc[t]);
@@ -111,6 +101,24 @@ pub fn q5_0x16_q8_0<const N: usize>(
     })
 }
 
+/// `init + Σ_i v[i] · (word i of qs, broadcast)`, per 32-bit lane: a group's eight code
+/// vectors (codes `4i..4i + 4` of every row in vector `i`) against one 32-value activation
+/// block, in two independent `vpdpbusd` chains.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn block_dot(v: &[__m512i; 8], qs: &[i8; 32], init: __m512i) -> __m512i {
+    let q = qs.as_ptr().cast::<i32>();
+    let mut s0 = init;
+    let mut s1 = _mm512_setzero_si512();
+    for i in (0..8).step_by(2) {
+        // SAFETY: reads bytes 4i..4i + 8 of the 32-byte `qs`.
+        let (y0, y1) = unsafe { (q.add(i).read_unaligned(), q.add(i + 1).read_unaligned()) };
+        s0 = _mm512_dpbusd_epi32(s0, v[i], _mm512_set1_epi32(y0));
+        s1 = _mm512_dpbusd_epi32(s1, v[i + 1], _mm512_set1_epi32(y1));
+    }
+    _mm512_add_epi32(s0, s1)
+}
+
 /// `K` consecutive 64-byte vectors from `base`. (Kept out of `std::array::from_fn`, whose
 /// closure does not inherit the target features and is not inlined.)
 ///
@@ -162,18 +170,9 @@ fn offset_codes_x16<const B: usize, const N: usize>(
         let v = decode(g);
         for t in 0..N {
             let y = &a[t][b];
-            let q = y.qs.as_ptr().cast::<i32>();
             // |Σq| < 2^12, so the f32 sum is an exact integer.
-            let mut s0 = _mm512_set1_epi32(-offset * sums[t][b] as i32);
-            let mut s1 = _mm512_setzero_si512();
-            for i in (0..8).step_by(2) {
-                // SAFETY: reads bytes 4i..4i + 8 of the 32-byte `qs`.
-                let (y0, y1) =
-                    unsafe { (q.add(i).read_unaligned(), q.add(i + 1).read_unaligned()) };
-                s0 = _mm512_dpbusd_epi32(s0, v[i], _mm512_set1_epi32(y0));
-                s1 = _mm512_dpbusd_epi32(s1, v[i + 1], _mm512_set1_epi32(y1));
-            }
-            let s = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            let init = _mm512_set1_epi32(-offset * sums[t][b] as i32);
+            let s = _mm512_cvtepi32_ps(block_dot(&v, &y.qs, init));
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(f16c(y.d))), s, acc[t]);
         }
     }

@@ -189,18 +189,19 @@ fn attend_block(
             scores.resize(nq * n, 0.0);
         }
         let scores = &mut scores[..nq * n];
-        for t0 in (0..n).step_by(TILE) {
-            let len = TILE.min(n - t0);
-            let (rows, stride) = cell.keys(codec, g, lo + t0, len, tile);
-            let t = Tile {
-                rows,
-                stride,
-                len,
-                head_dim: hd,
-            };
+        for_each_tile(cell, codec, true, g, lo..lo + n, hd, tile, |t0, t| {
             let ld = attn_block::transpose_tile(t, keys_t);
-            attn_block::block_scores(level, query, hd, (keys_t, ld, len), p.scale, scores, n, t0);
-        }
+            attn_block::block_scores(
+                level,
+                query,
+                hd,
+                (keys_t, ld, t.len),
+                p.scale,
+                scores,
+                n,
+                t0,
+            );
+        });
         sums.clear();
         sums.resize(nq, 0.0);
         for (k, r) in run.rows.clone().enumerate() {
@@ -218,17 +219,9 @@ fn attend_block(
         }
         acc.clear();
         acc.resize(nq * hd, 0.0);
-        for t0 in (0..n).step_by(TILE) {
-            let len = TILE.min(n - t0);
-            let (rows, stride) = cell.values(codec, g, lo + t0, len, tile);
-            let t = Tile {
-                rows,
-                stride,
-                len,
-                head_dim: hd,
-            };
+        for_each_tile(cell, codec, false, g, lo..lo + n, hd, tile, |t0, t| {
             attn_block::block_weighted_sum(level, scores, n, t0, t, acc);
-        }
+        });
         for k in 0..run.rows.len() {
             let row = &mut out_rows[k * width..(k + 1) * width];
             for h in 0..group {
@@ -388,36 +381,63 @@ fn attend<'a>(
         scores.clear();
         scores.resize(group * n, 0.0);
         let level = kiln_kernels::cpu_level();
-        for t0 in (0..n).step_by(TILE) {
-            let len = TILE.min(n - t0);
-            let (rows, stride) = cell.keys(codec, g, first + t0, len, tile);
-            let t = Tile {
-                rows,
-                stride,
-                len,
-                head_dim: hd,
-            };
+        for_each_tile(cell, codec, true, g, first..first + n, hd, tile, |t0, t| {
             attn_tile::tile_scores(level, query, t, p.scale, scores, n, t0);
-        }
+        });
         for h in 0..group {
             let s = &mut scores[h * n..(h + 1) * n];
             let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             part.maxima[h] = max;
             part.sums[h] = attn_tile::exp_shifted_in_place_at(level, s, max);
         }
-        for t0 in (0..n).step_by(TILE) {
-            let len = TILE.min(n - t0);
-            let (rows, stride) = cell.values(codec, g, first + t0, len, tile);
-            let t = Tile {
+        for_each_tile(
+            cell,
+            codec,
+            false,
+            g,
+            first..first + n,
+            hd,
+            tile,
+            |t0, t| {
+                attn_tile::tile_weighted_sum(level, scores, n, t0, t, out_group);
+            },
+        );
+    });
+    part
+}
+
+/// Runs `f(offset, tile)` over the keys (`keys`) or values of KV head `g` at `positions`,
+/// [`TILE`] rows at a time: dense f32 in place, any other format decoded into `buf`.
+#[allow(clippy::too_many_arguments)]
+fn for_each_tile(
+    cell: &LayerCell,
+    codec: Option<&LayerCodec>,
+    keys: bool,
+    g: usize,
+    positions: Range<usize>,
+    head_dim: usize,
+    buf: &mut Vec<f32>,
+    mut f: impl FnMut(usize, Tile<'_>),
+) {
+    let n = positions.len();
+    for t0 in (0..n).step_by(TILE) {
+        let len = TILE.min(n - t0);
+        let first = positions.start + t0;
+        let (rows, stride) = if keys {
+            cell.keys(codec, g, first, len, buf)
+        } else {
+            cell.values(codec, g, first, len, buf)
+        };
+        f(
+            t0,
+            Tile {
                 rows,
                 stride,
                 len,
-                head_dim: hd,
-            };
-            attn_tile::tile_weighted_sum(level, scores, n, t0, t, out_group);
-        }
-    });
-    part
+                head_dim,
+            },
+        );
+    }
 }
 
 /// Per-thread buffers of the attention tasks, kept between calls: the transient is
