@@ -5,6 +5,10 @@
 //! quantization produces ggml's integer codes, and dot products pair weights with the same
 //! activation formats as llama.cpp (Q8_0 / Q8_1 / Q8_K).
 //!
+//! [`repack`] rearranges Q4_1 / Q5_0 / Q8_0 weights 16 rows at a time for the AVX-512 VNNI
+//! kernels, [`head16`] runs an output head with 16-bit activations, and [`attn_block`] holds
+//! prefill attention's register-blocked loops.
+//!
 //! [`kvquant`] holds the row codecs of the quantized KV cache (affine and TurboQuant).
 
 pub mod attn_block;
