@@ -20,7 +20,7 @@ const R: usize = 4;
 const STRIP: usize = 32;
 
 /// Copies `tile` (`len` rows of `head_dim`) into `out` as `[head_dim][ld]`, `ld = len`
-/// rounded up to [`STRIP`], and returns `ld`. Columns past `len` are zero.
+/// rounded up to `STRIP`, and returns `ld`. Columns past `len` are zero.
 pub fn transpose_tile(tile: Tile<'_>, out: &mut Vec<f32>) -> usize {
     let (hd, len) = (tile.head_dim, tile.len);
     let ld = len.next_multiple_of(STRIP);

@@ -207,7 +207,7 @@ impl RepackedMatrix {
     }
 }
 
-/// `out[t * rows + r] = dot(row r, x row t)`, as [`crate::matmul`]: activations quantized
+/// `out[t * rows + r] = dot(row r, x row t)`, as [`crate::matmul()`]: activations quantized
 /// once into `scratch`, groups of rows split across the pool, token tiles inside each task.
 pub fn matmul_repacked(
     w: &RepackedMatrix,
