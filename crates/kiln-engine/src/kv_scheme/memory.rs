@@ -22,10 +22,21 @@ pub const CPU_KV_CAPS_SLIDING: bool = false;
 pub const RUNTIME_OVERHEAD_BYTES: u64 = 30_000_000;
 
 /// Weight bytes a decoded token streams per second on the machine kiln was measured on (2
-/// shared cores: SmolLM2-135M Q4_1, 96.6 MB of tensors, decodes at ~66 tok/s ⇒ ~6.4 GB/s
-/// effective). Only an estimate for `kiln fit`'s predicted tok/s: real speed depends on the
-/// cores, their count and the memory system.
-pub const DECODE_BYTES_PER_SEC: f64 = 6.4e9;
+/// shared cores, AVX-512: SmolLM2-135M Q4_1, 96.6 MB of tensors, decodes at ~210 tok/s at
+/// depth 0 ⇒ ~20 GB/s). Only an estimate for `kiln fit`'s predicted tok/s: real speed depends
+/// on the cores, their count, their instruction set and the memory system.
+pub const DECODE_BYTES_PER_SEC: f64 = 20e9;
+
+/// Cache bytes attention reads per second in decode on the same machine: at depth 2,048 the
+/// same model decodes at ~58 tok/s with 94.4 MB of dense f32 cache, 17.4 ms a token of which
+/// the weights take 4.8 ms ⇒ ~7.5 GB/s. Attention, not the memory system, sets this rate.
+pub const DECODE_KV_BYTES_PER_SEC: f64 = 7.5e9;
+
+/// Attention's cost per cached key or value element in decode, whatever its storage: the floor
+/// a quantized cache meets however few bytes it holds (decoding codes is compute). Measured on
+/// the same machine at depth 2,048: kv8 ~74 tok/s, kv4 ~77 tok/s ⇒ 8.2–8.7 ms for 2,048 × 30
+/// layers × 384 elements ⇒ ~0.34 ns each.
+pub const DECODE_KV_SECONDS_PER_ELEMENT: f64 = 0.34e-9;
 
 /// The prefill chunk kiln's engine uses (`EngineOptions::prefill_chunk`).
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
@@ -308,8 +319,9 @@ pub struct FitReport {
     /// The longest context the memory alone allows, ignoring the trained context (capped at
     /// 2^24 positions): how far the scheme stretches the budget.
     pub memory_context_limit: usize,
-    /// Estimated decode speed at `ctx`: [`DECODE_BYTES_PER_SEC`] over the weight plus KV bytes
-    /// a token reads.
+    /// Estimated decode speed at `ctx`: a token reads the weights at [`DECODE_BYTES_PER_SEC`]
+    /// and the cache at [`DECODE_KV_BYTES_PER_SEC`], but no faster than
+    /// [`DECODE_KV_SECONDS_PER_ELEMENT`] per cached element.
     pub predicted_decode_tok_s: f64,
 }
 
@@ -342,7 +354,19 @@ pub fn fit(cfg: &ModelConfig, scheme: &KvScheme, p: FitParams) -> FitReport {
     let kv_bytes = geo.peak_bytes_at(p.ctx, p.chunk);
     let total_bytes = total(p.ctx);
     let peak_bytes = total_bytes.max(load_peak);
-    let read_per_token = p.weight_bytes + geo.bytes_at(p.ctx, true);
+    let kv_read = geo.bytes_at(p.ctx, true);
+    let kv_elements: f64 = cfg
+        .layer_attention
+        .iter()
+        .map(|a| match a {
+            LayerAttention::Full => p.ctx,
+            LayerAttention::Sliding { window } => p.ctx.min(*window),
+        })
+        .map(|positions| (2 * positions * cfg.kv_width()) as f64)
+        .sum();
+    let kv_seconds =
+        (kv_read as f64 / DECODE_KV_BYTES_PER_SEC).max(kv_elements * DECODE_KV_SECONDS_PER_ELEMENT);
+    let seconds_per_token = p.weight_bytes as f64 / DECODE_BYTES_PER_SEC + kv_seconds;
     FitReport {
         kv_scheme: scheme.cache_key(),
         weights_bytes: p.weight_bytes,
@@ -360,10 +384,10 @@ pub fn fit(cfg: &ModelConfig, scheme: &KvScheme, p: FitParams) -> FitReport {
         max_safe_context,
         max_position_embeddings: cfg.max_position_embeddings,
         memory_context_limit,
-        predicted_decode_tok_s: if read_per_token == 0 {
-            0.0
+        predicted_decode_tok_s: if seconds_per_token > 0.0 {
+            1.0 / seconds_per_token
         } else {
-            DECODE_BYTES_PER_SEC / read_per_token as f64
+            0.0
         },
     }
 }
