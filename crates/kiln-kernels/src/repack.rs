@@ -86,20 +86,23 @@ fn pack(ty: GgmlType, k: usize, blk: &[u8], dst: &mut [u8]) {
     }
 }
 
-/// Appends row `k`'s file block, read back from the group block `src`.
-fn unpack(ty: GgmlType, k: usize, src: &[u8], row: &mut Vec<u8>) {
-    row.extend_from_slice(&src[2 * k..2 * k + 2]);
+/// Writes row `k`'s file block, read back from the group block `src`, into `out` (one file
+/// block's bytes).
+fn unpack(ty: GgmlType, k: usize, src: &[u8], out: &mut [u8]) {
+    out[0..2].copy_from_slice(&src[2 * k..2 * k + 2]);
     match ty {
         GgmlType::Q4_1 => {
-            row.extend_from_slice(&src[32 + 2 * k..32 + 2 * k + 2]);
+            out[2..4].copy_from_slice(&src[32 + 2 * k..32 + 2 * k + 2]);
             for j in 0..4 {
                 let at = 64 + 64 * j + 4 * k;
-                row.extend_from_slice(&src[at..at + 4]);
+                out[4 + 4 * j..8 + 4 * j].copy_from_slice(&src[at..at + 4]);
             }
         }
         GgmlType::Q8_0 => {
             for i in 0..8 {
-                row.extend((0..4).map(|b| src[32 + 64 * i + 4 * k + b] ^ 0x80));
+                for b in 0..4 {
+                    out[2 + 4 * i + b] = src[32 + 64 * i + 4 * k + b] ^ 0x80;
+                }
             }
         }
         GgmlType::Q5_0 => {
@@ -107,10 +110,10 @@ fn unpack(ty: GgmlType, k: usize, src: &[u8], row: &mut Vec<u8>) {
                 let (i, bit) = (e / 4, 4 * k + e % 4);
                 qh | u32::from(src[32 + 8 * i + bit / 8] >> (bit % 8) & 1) << e
             });
-            row.extend_from_slice(&qh.to_le_bytes());
+            out[2..6].copy_from_slice(&qh.to_le_bytes());
             for j in 0..4 {
                 let at = 96 + 64 * j + 4 * k;
-                row.extend_from_slice(&src[at..at + 4]);
+                out[6 + 4 * j..10 + 4 * j].copy_from_slice(&src[at..at + 4]);
             }
         }
         _ => unreachable!("only repackable types are built"),
@@ -197,13 +200,38 @@ impl RepackedMatrix {
 
     /// Row `r` back in the file layout.
     pub fn file_row(&self, r: usize) -> Vec<u8> {
-        let (g, k) = (r / GROUP_ROWS, r % GROUP_ROWS);
-        let gb = GROUP_ROWS * file_block_bytes(self.ty).unwrap_or(0);
-        let mut row = Vec::with_capacity(gb / GROUP_ROWS * (self.cols / 32));
-        for src in self.group(g).chunks_exact(gb.max(1)) {
-            unpack(self.ty, k, src, &mut row);
+        let fb = file_block_bytes(self.ty).unwrap_or(0);
+        let mut row = vec![0u8; fb * (self.cols / 32)];
+        for (src, out) in self.row_blocks(r).zip(row.chunks_exact_mut(fb.max(1))) {
+            unpack(self.ty, r % GROUP_ROWS, src, out);
         }
         row
+    }
+
+    /// Row `r` dequantized into `dst` (`cols` values), one block at a time through a stack
+    /// buffer: the embedding lookup of a tied head allocates nothing per token.
+    pub fn dequantize_row(&self, r: usize, dst: &mut [f32]) -> Result<()> {
+        check_len("repacked row", 1, self.cols, dst.len())?;
+        if r >= self.rows {
+            return Err(KernelError::LengthMismatch {
+                what: "repacked row index",
+                expected: self.rows,
+                actual: r,
+            });
+        }
+        let fb = file_block_bytes(self.ty).unwrap_or(0);
+        let mut block = [0u8; Q8_0_BYTES];
+        for (src, d) in self.row_blocks(r).zip(dst.chunks_exact_mut(32)) {
+            unpack(self.ty, r % GROUP_ROWS, src, &mut block[..fb]);
+            crate::dequantize_row(self.ty, &block[..fb], d)?;
+        }
+        Ok(())
+    }
+
+    /// The group blocks holding row `r`, in order along the row.
+    fn row_blocks(&self, r: usize) -> std::slice::ChunksExact<'_, u8> {
+        let gb = GROUP_ROWS * file_block_bytes(self.ty).unwrap_or(0);
+        self.group(r / GROUP_ROWS).chunks_exact(gb.max(1))
     }
 }
 
@@ -428,9 +456,16 @@ mod tests {
             let rb = data.len() / rows;
             let w = RepackedMatrix::new(&QMatrix::new(ty, rows, cols, &data).unwrap()).unwrap();
             assert_eq!(w.size_bytes(), 48 * rb, "{ty:?}");
+            let mut want = vec![0f32; cols];
+            let mut got = vec![0f32; cols];
             for r in 0..rows {
                 assert_eq!(w.file_row(r), data[r * rb..(r + 1) * rb], "{ty:?} row {r}");
+                crate::dequantize_row(ty, &data[r * rb..(r + 1) * rb], &mut want).unwrap();
+                w.dequantize_row(r, &mut got).unwrap();
+                assert_eq!(got, want, "{ty:?} row {r} dequantized");
             }
+            assert!(w.dequantize_row(rows, &mut got).is_err());
+            assert!(w.dequantize_row(0, &mut got[1..]).is_err());
         }
     }
 

@@ -203,7 +203,7 @@ impl Backend for CpuBackend {
                     kiln_kernels::dequantize_row(*ty, &bytes[r * rb..(r + 1) * rb], dst)?;
                 }
                 CpuMatrix::Repacked(m) | CpuMatrix::RepackedHead(m) => {
-                    kiln_kernels::dequantize_row(m.ty(), &m.file_row(r), dst)?;
+                    m.dequantize_row(r, dst)?;
                 }
             }
             if let Some(s) = scale {
