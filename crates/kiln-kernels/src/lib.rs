@@ -5,8 +5,8 @@
 //! quantization produces ggml's integer codes, and dot products pair weights with the same
 //! activation formats as llama.cpp (Q8_0 / Q8_1 / Q8_K).
 //!
-//! [`repack`] rearranges Q4_1 / Q5_0 / Q8_0 weights 16 rows at a time for the AVX-512 VNNI
-//! kernels, [`head16`] runs an output head with 16-bit activations, and [`attn_block`] holds
+//! [`repack`] rearranges Q4_1 / Q5_0 / Q8_0 weights (and, with the layouts of [`repack_k`],
+//! Q4_K / Q6_K) 16 rows at a time for the AVX-512 VNNI kernels, [`head16`] runs an output head with 16-bit activations, and [`attn_block`] holds
 //! prefill attention's register-blocked loops.
 //!
 //! [`kvquant`] holds the row codecs of the quantized KV cache (affine and TurboQuant).
@@ -28,6 +28,7 @@ pub mod matmul;
 pub mod pool;
 pub mod quantize;
 pub mod repack;
+pub mod repack_k;
 pub mod softmax;
 pub mod tile;
 pub mod types;

@@ -12,6 +12,7 @@
 //! - Q5_0 ([`Q5_0X16_BYTES`]): 16 f16 scales, eight 64-bit masks (bit `4k + b` of mask `i` is
 //!   row `k`'s 5th bit of code `4i + b`), then four nibble vectors as for Q4_1; codes are
 //!   `nibble + 16·bit = w + 16`.
+//! - Q4_K and Q6_K: 256-value super-blocks, laid out as [`crate::repack_k`] describes.
 //!
 //! The group blocks of a group follow each other along the row; groups follow each other down
 //! the matrix. A last group with fewer than 16 rows is padded with zero blocks, whose outputs
@@ -22,12 +23,15 @@
 //! (as ggml) use the block's `s`, rounded to f16. Prefill and decode run the same kernel, so
 //! they agree to the bit.
 
-use crate::blocks::{BlockQ8_0, BlockQ8_1, Q4_1_BYTES, Q5_0_BYTES, Q8_0_BYTES};
+use crate::blocks::{
+    BlockQ8_0, BlockQ8_1, BlockQ8K, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+};
 use crate::dot::dot_unchecked;
 use crate::error::{KernelError, Result};
 use crate::level::CpuLevel;
 use crate::matmul::{QMatrix, check_len};
 use crate::quantize::{ActRow, QuantizedActivations};
+use crate::repack_k::{self, Q4_KX16_BYTES, Q6_KX16_BYTES};
 use crate::tile::TOKEN_TILE;
 use crate::types::GgmlType;
 use std::ops::Range;
@@ -47,12 +51,22 @@ fn file_block_bytes(ty: GgmlType) -> Option<usize> {
         GgmlType::Q4_1 => Some(Q4_1_BYTES),
         GgmlType::Q8_0 => Some(Q8_0_BYTES),
         GgmlType::Q5_0 => Some(Q5_0_BYTES),
+        GgmlType::Q4_K => Some(Q4_K_BYTES),
+        GgmlType::Q6_K => Some(Q6_K_BYTES),
         _ => None,
     }
 }
 
+/// The largest file block of a repackable type.
+const MAX_FILE_BLOCK: usize = Q6_K_BYTES;
+
 /// Writes row `k`'s file block `blk` into the group block `dst` (zeroed before its first row).
 fn pack(ty: GgmlType, k: usize, blk: &[u8], dst: &mut [u8]) {
+    match ty {
+        GgmlType::Q4_K => return repack_k::pack_q4_k(k, blk, dst),
+        GgmlType::Q6_K => return repack_k::pack_q6_k(k, blk, dst),
+        _ => {}
+    }
     dst[2 * k..2 * k + 2].copy_from_slice(&blk[0..2]);
     match ty {
         GgmlType::Q4_1 => {
@@ -89,6 +103,11 @@ fn pack(ty: GgmlType, k: usize, blk: &[u8], dst: &mut [u8]) {
 /// Writes row `k`'s file block, read back from the group block `src`, into `out` (one file
 /// block's bytes).
 fn unpack(ty: GgmlType, k: usize, src: &[u8], out: &mut [u8]) {
+    match ty {
+        GgmlType::Q4_K => return repack_k::unpack_q4_k(k, src, out),
+        GgmlType::Q6_K => return repack_k::unpack_q6_k(k, src, out),
+        _ => {}
+    }
     out[0..2].copy_from_slice(&src[2 * k..2 * k + 2]);
     match ty {
         GgmlType::Q4_1 => {
@@ -194,14 +213,14 @@ impl RepackedMatrix {
 
     /// Group `g`'s bytes.
     pub(crate) fn group(&self, g: usize) -> &[u8] {
-        let stripe = GROUP_ROWS * (self.cols / 32) * file_block_bytes(self.ty).unwrap_or(0);
+        let stripe = GROUP_ROWS * self.blocks_per_row() * file_block_bytes(self.ty).unwrap_or(0);
         &self.data[g * stripe..(g + 1) * stripe]
     }
 
     /// Row `r` back in the file layout.
     pub fn file_row(&self, r: usize) -> Vec<u8> {
         let fb = file_block_bytes(self.ty).unwrap_or(0);
-        let mut row = vec![0u8; fb * (self.cols / 32)];
+        let mut row = vec![0u8; fb * self.blocks_per_row()];
         for (src, out) in self.row_blocks(r).zip(row.chunks_exact_mut(fb.max(1))) {
             unpack(self.ty, r % GROUP_ROWS, src, out);
         }
@@ -220,12 +239,18 @@ impl RepackedMatrix {
             });
         }
         let fb = file_block_bytes(self.ty).unwrap_or(0);
-        let mut block = [0u8; Q8_0_BYTES];
-        for (src, d) in self.row_blocks(r).zip(dst.chunks_exact_mut(32)) {
+        let mut block = [0u8; MAX_FILE_BLOCK];
+        let elems = self.ty.block_elems();
+        for (src, d) in self.row_blocks(r).zip(dst.chunks_exact_mut(elems)) {
             unpack(self.ty, r % GROUP_ROWS, src, &mut block[..fb]);
             crate::dequantize_row(self.ty, &block[..fb], d)?;
         }
         Ok(())
+    }
+
+    /// File blocks in a row (32 or 256 values each).
+    fn blocks_per_row(&self) -> usize {
+        self.cols / self.ty.block_elems()
     }
 
     /// The group blocks holding row `r`, in order along the row.
@@ -329,6 +354,13 @@ fn q8_1_row(acts: &QuantizedActivations, t: usize) -> &[BlockQ8_1] {
     }
 }
 
+fn q8_k_row(acts: &QuantizedActivations, t: usize) -> &[BlockQ8K] {
+    match acts.row(t) {
+        Some(ActRow::Q8K(b)) => b,
+        _ => &[],
+    }
+}
+
 fn q8_0_row(acts: &QuantizedActivations, t: usize) -> &[BlockQ8_0] {
     match acts.row(t) {
         Some(ActRow::Q8_0(b)) => b,
@@ -367,7 +399,24 @@ fn group_tile(
                 }
             };
         }
+        // The K-quant kernels take the minimums' sums from the Q8_K blocks themselves.
+        macro_rules! k_arms {
+            ($kernel:ident, $B:expr; $($n:literal)*) => {
+                match ts.len() {
+                    $($n => {
+                        let rows: [_; $n] = std::array::from_fn(|k| q8_k_row(acts, ts.start + k));
+                        let out = buf.first_chunk_mut::<$n>().expect("tile <= TOKEN_TILE");
+                        let blocks = group.as_chunks::<{ $B }>().0;
+                        // SAFETY: the level is clamped to the hardware, which has AVX-512.
+                        unsafe { avx512::$kernel::<$n>(blocks, rows, out) };
+                    })*
+                    _ => {}
+                }
+            };
+        }
         match w.ty {
+            GgmlType::Q4_K => k_arms!(q4_kx16_q8_k, Q4_KX16_BYTES; 1 2 3 4 5 6 7 8),
+            GgmlType::Q6_K => k_arms!(q6_kx16_q8_k, Q6_KX16_BYTES; 1 2 3 4 5 6 7 8),
             GgmlType::Q4_1 => arms!(q4_1x16_q8_1, q8_1_row, Q4_1X16_BYTES; 1 2 3 4 5 6 7 8),
             GgmlType::Q8_0 => arms!(q8_0x16_q8_0, q8_0_row, Q8_0X16_BYTES; 1 2 3 4 5 6 7 8),
             GgmlType::Q5_0 => arms!(q5_0x16_q8_0, q8_0_row, Q5_0X16_BYTES; 1 2 3 4 5 6 7 8),
@@ -413,10 +462,17 @@ mod tests {
     use crate::level::supported_levels;
     use crate::matmul::matmul_at;
 
-    const TYPES: [GgmlType; 3] = [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0];
+    const TYPES: [GgmlType; 5] = [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ];
 
-    /// Random blocks of `ty` (scales below 0.05, Q4_1 minimums above −0.2), and the largest
-    /// |weight| they can hold.
+    /// Random blocks of `ty` (scales below 0.05, Q4_1 minimums above −0.2; K-quant super-block
+    /// scales below 0.05/64, since their sub-block scales multiply them by up to 63 or 128), and
+    /// the largest |weight| they can hold.
     fn matrix(ty: GgmlType, rows: usize, cols: usize, seed: u32) -> (Vec<u8>, f32) {
         let mut x = seed;
         let mut next = move || {
@@ -426,32 +482,51 @@ mod tests {
             x
         };
         let mut data = Vec::new();
-        for _ in 0..rows * cols / 32 {
-            let d = half::f16::from_f32((next() % 1000) as f32 / 20_000.0);
-            data.extend_from_slice(&d.to_le_bytes());
+        for _ in 0..rows * cols / ty.block_elems() {
+            let scale = |v: u32, k: f32| half::f16::from_f32((v % 1000) as f32 / 20_000.0 / k);
             match ty {
                 GgmlType::Q4_1 => {
+                    data.extend_from_slice(&scale(next(), 1.0).to_le_bytes());
                     let m = half::f16::from_f32(-((next() % 1000) as f32) / 5_000.0);
                     data.extend_from_slice(&m.to_le_bytes());
                     data.extend((0..16).map(|_| next() as u8));
                 }
-                GgmlType::Q8_0 => data.extend((0..32).map(|_| next() as u8)),
-                GgmlType::Q5_0 => data.extend((0..20).map(|_| next() as u8)),
+                GgmlType::Q8_0 | GgmlType::Q5_0 => {
+                    data.extend_from_slice(&scale(next(), 1.0).to_le_bytes());
+                    let n = if ty == GgmlType::Q8_0 { 32 } else { 20 };
+                    data.extend((0..n).map(|_| next() as u8));
+                }
+                GgmlType::Q4_K => {
+                    data.extend_from_slice(&scale(next(), 64.0).to_le_bytes());
+                    data.extend_from_slice(&scale(next(), 64.0).to_le_bytes());
+                    data.extend((0..140).map(|_| next() as u8));
+                }
+                GgmlType::Q6_K => {
+                    data.extend((0..208).map(|_| next() as u8));
+                    data.extend_from_slice(&scale(next(), 64.0).to_le_bytes());
+                }
                 _ => unreachable!(),
             }
         }
         let wmax = match ty {
             GgmlType::Q4_1 => 15.0 * 0.05 + 0.2,
             GgmlType::Q8_0 => 128.0 * 0.05,
+            GgmlType::Q4_K => 0.05 / 64.0 * 63.0 * 16.0,
+            GgmlType::Q6_K => 0.05 / 64.0 * 128.0 * 32.0,
             _ => 16.0 * 0.05,
         };
         (data, wmax)
     }
 
+    /// A shape's columns, rounded up to a whole number of `ty`'s blocks.
+    fn cols_for(ty: GgmlType, cols: usize) -> usize {
+        cols.next_multiple_of(ty.block_elems())
+    }
+
     #[test]
     fn file_rows_survive_the_round_trip() {
         for ty in TYPES {
-            let (rows, cols) = (37, 96);
+            let (rows, cols) = (37, cols_for(ty, 96) * 2);
             let (data, _) = matrix(ty, rows, cols, 1);
             let rb = data.len() / rows;
             let w = RepackedMatrix::new(&QMatrix::new(ty, rows, cols, &data).unwrap()).unwrap();
@@ -471,12 +546,12 @@ mod tests {
 
     #[test]
     fn other_types_do_not_repack() {
-        let data = vec![0u8; 144 * 16];
-        let q = QMatrix::new(GgmlType::Q4_K, 16, 256, &data).unwrap();
+        let data = vec![0u8; 176 * 16];
+        let q = QMatrix::new(GgmlType::Q5_K, 16, 256, &data).unwrap();
         assert!(RepackedMatrix::new(&q).is_err());
         assert!(!RepackedMatrix::worthwhile(
             CpuLevel::Avx512,
-            GgmlType::Q4_K
+            GgmlType::Q5_K
         ));
         assert!(!RepackedMatrix::worthwhile(CpuLevel::Avx2, GgmlType::Q8_0));
     }
@@ -489,6 +564,7 @@ mod tests {
     fn repacked_matmul_matches_the_scalar_row_kernel() {
         let shapes = [(48, 576, 13), (21, 64, 8), (16, 32, 1), (35, 1536, 3)];
         for (ty, (rows, cols, tokens)) in TYPES.into_iter().flat_map(|t| shapes.map(|s| (t, s))) {
+            let cols = cols_for(ty, cols);
             let (data, wmax) = matrix(ty, rows, cols, rows as u32);
             let q = QMatrix::new(ty, rows, cols, &data).unwrap();
             let w = RepackedMatrix::new(&q).unwrap();

@@ -106,7 +106,7 @@ pub fn q5_0x16_q8_0<const N: usize>(
 /// block, in two independent `vpdpbusd` chains.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn block_dot(v: &[__m512i; 8], qs: &[i8; 32], init: __m512i) -> __m512i {
+pub(super) fn block_dot(v: &[__m512i; 8], qs: &[i8; 32], init: __m512i) -> __m512i {
     let q = qs.as_ptr().cast::<i32>();
     let mut s0 = init;
     let mut s1 = _mm512_setzero_si512();
@@ -126,7 +126,7 @@ fn block_dot(v: &[__m512i; 8], qs: &[i8; 32], init: __m512i) -> __m512i {
 /// `base` must be valid for `64·K` bytes of reads.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn vectors<const K: usize>(base: *const u8) -> [__m512i; K] {
+pub(super) unsafe fn vectors<const K: usize>(base: *const u8) -> [__m512i; K] {
     let mut v = [_mm512_setzero_si512(); K];
     for (j, v) in v.iter_mut().enumerate() {
         // SAFETY: inside the caller's `64·K` bytes.
@@ -139,7 +139,7 @@ unsafe fn vectors<const K: usize>(base: *const u8) -> [__m512i; K] {
 /// every row, low nibbles for `i < 4`, high ones (codes `16 + 4(i − 4)..`) above.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn nibble_codes(p: &[__m512i; 4], m4: __m512i) -> [__m512i; 8] {
+pub(super) fn nibble_codes(p: &[__m512i; 4], m4: __m512i) -> [__m512i; 8] {
     let mut v = [_mm512_setzero_si512(); 8];
     for j in 0..4 {
         v[j] = _mm512_and_si512(p[j], m4);
