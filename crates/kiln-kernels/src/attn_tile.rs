@@ -32,6 +32,21 @@ pub fn tile_scores(
 ) {
     check(&tile, queries.len(), scores.len(), n, offset);
     #[cfg(target_arch = "x86_64")]
+    if level.clamp_to_hardware() >= CpuLevel::Avx512
+        && crate::attn_avx512::scores_fit(tile.head_dim)
+    {
+        // SAFETY: AVX-512F is present (the level is clamped to the hardware); the head width
+        // fits and `check` has checked the sizes.
+        let done = unsafe { crate::attn_avx512::scores(queries, tile, scale, scores, n, offset) };
+        let rest = Tile {
+            rows: tile.rows.get(done * tile.stride..).unwrap_or(&[]),
+            len: tile.len - done,
+            ..tile
+        };
+        // SAFETY: as above; AVX-512 includes AVX2.
+        return unsafe { scores_avx2(queries, rest, scale, scores, n, offset + done) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if level.clamp_to_hardware() >= CpuLevel::Avx2 {
         // SAFETY: AVX2 is present (the level is clamped to the hardware).
         return unsafe { scores_avx2(queries, tile, scale, scores, n, offset) };
@@ -51,6 +66,16 @@ pub fn tile_weighted_sum(
     out: &mut [f32],
 ) {
     check(&tile, out.len(), weights.len(), n, offset);
+    #[cfg(target_arch = "x86_64")]
+    if level.clamp_to_hardware() >= CpuLevel::Avx512 {
+        // SAFETY: AVX-512F is present (the level is clamped to the hardware), and `check`
+        // has checked the sizes.
+        if unsafe { crate::attn_avx512::weighted(weights, n, offset, tile, out) } {
+            return;
+        }
+        // SAFETY: as above.
+        return unsafe { weighted_avx512(weights, n, offset, tile, out) };
+    }
     #[cfg(target_arch = "x86_64")]
     if level.clamp_to_hardware() >= CpuLevel::Avx2 {
         // SAFETY: AVX2 is present (the level is clamped to the hardware).
@@ -99,6 +124,12 @@ unsafe fn scores_avx2(q: &[f32], t: Tile<'_>, scale: f32, s: &mut [f32], n: usiz
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn weighted_avx2(w: &[f32], n: usize, off: usize, t: Tile<'_>, out: &mut [f32]) {
+    weighted_lanes(w, n, off, t, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn weighted_avx512(w: &[f32], n: usize, off: usize, t: Tile<'_>, out: &mut [f32]) {
     weighted_lanes(w, n, off, t, out)
 }
 
@@ -173,7 +204,15 @@ mod tests {
     /// Every level gives the portable loops' exact bits, on a ragged head width and tile.
     #[test]
     fn every_level_is_bit_identical_to_the_portable_loops() {
-        for (hd, group, len, stride) in [(64, 3, 64, 192), (80, 2, 37, 80), (7, 4, 5, 9)] {
+        let shapes = [
+            (64, 3, 64, 192),
+            (80, 2, 37, 80),
+            (7, 4, 5, 9),
+            (128, 3, 50, 130),
+            (136, 2, 17, 136),
+            (64, 9, 20, 64),
+        ];
+        for (hd, group, len, stride) in shapes {
             let (n, off) = (len + 11, 6);
             let q = noise(group * hd, 1);
             let rows = noise((len - 1) * stride + hd, 2);

@@ -11,6 +11,8 @@
 //!
 //! [`kvquant`] holds the row codecs of the quantized KV cache (affine and TurboQuant).
 
+#[cfg(target_arch = "x86_64")]
+mod attn_avx512;
 pub mod attn_block;
 pub mod attn_tile;
 pub mod blocks;

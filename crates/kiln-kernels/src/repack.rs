@@ -30,7 +30,7 @@ use crate::dot::dot_unchecked;
 use crate::error::{KernelError, Result};
 use crate::level::CpuLevel;
 use crate::matmul::{QMatrix, check_len};
-use crate::quantize::{ActRow, QuantizedActivations};
+use crate::quantize::{ActFormat, ActRow, QuantizedActivations};
 use crate::repack_k::{self, Q4_KX16_BYTES, Q6_KX16_BYTES};
 use crate::tile::TOKEN_TILE;
 use crate::types::GgmlType;
@@ -283,14 +283,55 @@ pub fn matmul_repacked_at(
     out: &mut [f32],
     scratch: &mut QuantizedActivations,
 ) -> Result<()> {
-    check_len("matmul input x", n_tokens, w.cols, x.len())?;
-    check_len("matmul output", n_tokens, w.rows, out.len())?;
-    scratch.quantize_rows_into(w.ty, x, n_tokens)?;
+    matmul_repacked_many_at(level, [w], x, n_tokens, [out], scratch)
+}
+
+/// Several matrices against one input (Q, K and V; gate and up), `outs[m]` as `out` of
+/// [`matmul_repacked`] for `ws[m]`, to the bit: the activations are quantized once, and the
+/// groups of all the matrices go through one dispatch of the pool, so that the small ones do
+/// not each pay for waking the workers and waiting for the last of them. The matrices must
+/// take the same activation format.
+pub fn matmul_repacked_many<const M: usize>(
+    ws: [&RepackedMatrix; M],
+    x: &[f32],
+    n_tokens: usize,
+    outs: [&mut [f32]; M],
+    scratch: &mut QuantizedActivations,
+) -> Result<()> {
+    matmul_repacked_many_at(crate::cpu_level(), ws, x, n_tokens, outs, scratch)
+}
+
+/// [`matmul_repacked_many`] at an explicit level, as [`matmul_repacked_at`].
+pub fn matmul_repacked_many_at<const M: usize>(
+    level: CpuLevel,
+    ws: [&RepackedMatrix; M],
+    x: &[f32],
+    n_tokens: usize,
+    outs: [&mut [f32]; M],
+    scratch: &mut QuantizedActivations,
+) -> Result<()> {
+    let Some(first) = ws.first() else {
+        return Ok(());
+    };
+    let format = ActFormat::for_weight(first.ty)?;
+    for (w, out) in ws.iter().zip(&outs) {
+        check_len("matmul input x", n_tokens, w.cols, x.len())?;
+        check_len("matmul output", n_tokens, w.rows, out.len())?;
+        if ActFormat::for_weight(w.ty)? != format {
+            return Err(KernelError::Unsupported {
+                op: "one dispatch for weights of different activation formats",
+                ty: w.ty,
+            });
+        }
+    }
+    scratch.quantize_rows_into(first.ty, x, n_tokens)?;
     scratch.prepare_block_sums();
     let level = level.clamp_to_hardware();
     let acts = &*scratch;
-    par_groups(w.rows, n_tokens, out, &|g, ts, buf| {
-        group_tile(level, w, g, acts, ts, buf)
+    let rows = ws.map(|w| w.rows);
+    let ptrs = outs.map(|o| OutPtr(o.as_mut_ptr()));
+    par_groups_many(rows, n_tokens, ptrs, &|m, g, ts, buf| {
+        group_tile(level, ws[m], g, acts, ts, buf)
     });
     Ok(())
 }
@@ -304,7 +345,28 @@ pub(crate) type GroupTile<'a> =
 /// `out[t * rows + r]`: groups are split across the pool; inside a task, token tiles are the
 /// outer loop so the tile's activations stay in L1 while the task's weights come from L2.
 pub(crate) fn par_groups(rows: usize, n_tokens: usize, out: &mut [f32], tile: &GroupTile<'_>) {
-    let groups = rows.div_ceil(GROUP_ROWS);
+    let ptr = OutPtr(out.as_mut_ptr());
+    par_groups_many([rows], n_tokens, [ptr], &|_, g, ts, buf| tile(g, ts, buf));
+}
+
+/// Callback of [`par_groups_many`]: as [`GroupTile`], for group `g` of matrix `m`.
+type StackedTile<'a> =
+    dyn Fn(usize, usize, Range<usize>, &mut [[f32; GROUP_ROWS]; TOKEN_TILE]) + Sync + 'a;
+
+/// [`par_groups`] over the groups of `M` matrices at once, as if stacked: the callback also
+/// gets the matrix `m`, whose results go to `outs[m]` (`rows[m]` per token).
+fn par_groups_many<const M: usize>(
+    rows: [usize; M],
+    n_tokens: usize,
+    outs: [OutPtr; M],
+    tile: &StackedTile<'_>,
+) {
+    let mut starts = [0usize; M];
+    let mut groups = 0;
+    for (start, r) in starts.iter_mut().zip(rows) {
+        *start = groups;
+        groups += r.div_ceil(GROUP_ROWS);
+    }
     if groups == 0 || n_tokens == 0 {
         return;
     }
@@ -313,20 +375,23 @@ pub(crate) fn par_groups(rows: usize, n_tokens: usize, out: &mut [f32], tile: &G
     // Decode: a task's few hundred nanoseconds of work would not pay for finer splitting.
     let split = if n_tokens > 1 { 8 } else { 4 };
     let per_task = groups.div_ceil(pool.threads() * split).max(1);
-    let ptr = OutPtr(out.as_mut_ptr());
     pool.run(groups.div_ceil(per_task), &|task| {
         let g_end = ((task + 1) * per_task).min(groups);
         let mut buf = [[0f32; GROUP_ROWS]; TOKEN_TILE];
         for t0 in (0..n_tokens).step_by(TOKEN_TILE) {
             let t1 = (t0 + TOKEN_TILE).min(n_tokens);
-            for g in task * per_task..g_end {
-                let live = GROUP_ROWS.min(rows - g * GROUP_ROWS);
-                tile(g, t0..t1, &mut buf);
+            for stacked in task * per_task..g_end {
+                // The last matrix starting at or before this group (empty ones start where
+                // the next does, so they are never chosen).
+                let m = starts.iter().rposition(|&s| s <= stacked).unwrap_or(0);
+                let g = stacked - starts[m];
+                let live = GROUP_ROWS.min(rows[m] - g * GROUP_ROWS);
+                tile(m, g, t0..t1, &mut buf);
                 for (k, vals) in buf[..t1 - t0].iter().enumerate() {
-                    // SAFETY: t0 + k < n_tokens and g·16 + live ≤ rows: inside `out`; tasks
-                    // own disjoint groups of rows, so no two write the same elements.
+                    // SAFETY: t0 + k < n_tokens and g·16 + live ≤ rows[m]: inside `outs[m]`;
+                    // tasks own disjoint groups, so no two write the same elements.
                     unsafe {
-                        let dst = ptr.get().add((t0 + k) * rows + g * GROUP_ROWS);
+                        let dst = outs[m].get().add((t0 + k) * rows[m] + g * GROUP_ROWS);
                         std::ptr::copy_nonoverlapping(vals.as_ptr(), dst, live);
                     }
                 }
@@ -608,5 +673,52 @@ mod tests {
                 assert_eq!(one, got[(tokens - 1) * rows..], "{ty:?} {level:?}: decode");
             }
         }
+    }
+
+    /// One dispatch over several matrices gives each its own matmul's results to the bit,
+    /// whatever their sizes (a ragged group, an empty matrix), at every level; matrices of
+    /// different activation formats are refused.
+    #[test]
+    fn stacked_matrices_match_their_own_matmuls() {
+        let cols = 256;
+        let build = |ty, rows, seed| {
+            let (data, _) = matrix(ty, rows, cols, seed);
+            RepackedMatrix::new(&QMatrix::new(ty, rows, cols, &data).unwrap()).unwrap()
+        };
+        let ws = [
+            build(GgmlType::Q5_0, 40, 1),
+            build(GgmlType::Q8_0, 0, 2),
+            build(GgmlType::Q8_0, 16, 3),
+        ];
+        for tokens in [1, 11] {
+            let x: Vec<f32> = (0..tokens * cols)
+                .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+                .collect();
+            let mut scratch = QuantizedActivations::new();
+            for level in supported_levels() {
+                let mut alone: Vec<Vec<f32>> = Vec::new();
+                for w in &ws {
+                    let mut out = vec![0f32; tokens * w.rows()];
+                    matmul_repacked_at(level, w, &x, tokens, &mut out, &mut scratch).unwrap();
+                    alone.push(out);
+                }
+                let mut got: Vec<Vec<f32>> = ws
+                    .iter()
+                    .map(|w| vec![f32::NAN; tokens * w.rows()])
+                    .collect();
+                let [a, b, c] = &mut got[..] else {
+                    unreachable!()
+                };
+                let refs = [&ws[0], &ws[1], &ws[2]];
+                matmul_repacked_many_at(level, refs, &x, tokens, [a, b, c], &mut scratch).unwrap();
+                assert_eq!(got, alone, "{level:?}, {tokens} tokens");
+            }
+        }
+        let q4_1 = build(GgmlType::Q4_1, 16, 4);
+        let (mut a, mut b) = (vec![0f32; 40], vec![0f32; 16]);
+        let x = vec![0.5f32; cols];
+        let mut scratch = QuantizedActivations::new();
+        let err = matmul_repacked_many([&ws[0], &q4_1], &x, 1, [&mut a, &mut b], &mut scratch);
+        assert!(err.is_err());
     }
 }

@@ -172,9 +172,7 @@ pub(crate) fn forward_layer<B: Backend>(
     let (eps, off, hd) = (cfg.rms_norm_eps, cfg.norm_weight_offset, cfg.head_dim);
     let h = b.rms_norm(x, &layer.attn_norm, eps, off);
     let a = &layer.attn;
-    let mut q = b.matmul(&h, &a.q)?;
-    let mut k = b.matmul(&h, &a.k)?;
-    let mut v = b.matmul(&h, &a.v)?;
+    let [mut q, mut k, mut v] = b.matmul_each(&h, [&a.q, &a.k, &a.v])?;
     if let Some(bias) = &a.q_bias {
         b.add_bias(&mut q, bias);
     }
@@ -209,8 +207,7 @@ pub(crate) fn forward_layer<B: Backend>(
     b.add_assign(x, &o);
 
     let h = b.rms_norm(x, &layer.mlp_norm, eps, off);
-    let gate = b.matmul(&h, &layer.mlp.gate)?;
-    let up = b.matmul(&h, &layer.mlp.up)?;
+    let [gate, up] = b.matmul_each(&h, [&layer.mlp.gate, &layer.mlp.up])?;
     let act = b.glu(&gate, &up, cfg.activation);
     let mut down = b.matmul(&act, &layer.mlp.down)?;
     if let Some(n) = &layer.post_mlp_norm {

@@ -267,6 +267,20 @@ pub trait Backend: Send + Sync {
     );
     /// `x · Wᵀ`: `[tokens, cols] → [tokens, rows]`.
     fn matmul(&self, x: &Self::Act, w: &Self::Matrix) -> Result<Self::Act, ModelError>;
+    /// `x` times each of `ws` (Q, K and V; gate and up), equal to `matmul` of each; a backend
+    /// may share the work on `x` and run them as one step.
+    fn matmul_each<const M: usize>(
+        &self,
+        x: &Self::Act,
+        ws: [&Self::Matrix; M],
+    ) -> Result<[Self::Act; M], ModelError> {
+        let mut outs = Vec::with_capacity(M);
+        for w in ws {
+            outs.push(self.matmul(x, w)?);
+        }
+        outs.try_into()
+            .map_err(|_| ModelError::Forward("matmul_each: output count".into()))
+    }
     /// Adds a bias to every row.
     fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector);
     /// Rotates each `head_dim` slice in the rotate-half (NeoX) layout by its token's angles.

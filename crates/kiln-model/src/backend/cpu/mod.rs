@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use kiln_kernels::head16::{Q16Activations, matmul_repacked_q16};
-use kiln_kernels::repack::{RepackedMatrix, matmul_repacked};
+use kiln_kernels::repack::{RepackedMatrix, matmul_repacked, matmul_repacked_many};
 use kiln_kernels::{GgmlType, QMatrix, QuantizedActivations};
 
 pub use attention::{ATTENTION_TILE, QUERY_BLOCK};
@@ -274,6 +274,41 @@ impl Backend for CpuBackend {
             }
         }
         Ok(out)
+    }
+
+    fn matmul_each<const M: usize>(
+        &self,
+        x: &HostAct,
+        ws: [&CpuMatrix; M],
+    ) -> Result<[HostAct; M], ModelError> {
+        // Repacked matrices that take the same activations share their quantization and one
+        // dispatch of the pool; anything else goes one matrix at a time.
+        let repacked = ws.map(|w| match w {
+            CpuMatrix::Repacked(m) => Some(m),
+            _ => None,
+        });
+        let format = |m: &RepackedMatrix| kiln_kernels::ActFormat::for_weight(m.ty()).ok();
+        let first = repacked[0].and_then(format);
+        let shared = first.is_some()
+            && repacked
+                .iter()
+                .all(|m| m.is_some_and(|m| format(m) == first && m.cols() == x.cols));
+        if !shared || M < 2 {
+            let mut outs = Vec::with_capacity(M);
+            for w in ws {
+                outs.push(self.matmul(x, w)?);
+            }
+            return outs
+                .try_into()
+                .map_err(|_| ModelError::Forward("matmul_each: output count".into()));
+        }
+        let _timer = Timer::new(&self.matmul_ns);
+        let mut outs = ws.map(|w| HostAct::zeros(x.rows, w.rows()));
+        let ms = repacked.map(|m| m.expect("checked: every matrix is repacked"));
+        let bufs = outs.each_mut().map(|o| o.data.as_mut_slice());
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        matmul_repacked_many(ms, &x.data, x.rows, bufs, &mut scratch)?;
+        Ok(outs)
     }
 
     fn add_bias(&self, x: &mut HostAct, b: &Vec<f32>) {
