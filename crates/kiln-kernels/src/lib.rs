@@ -11,6 +11,7 @@
 //!
 //! [`kvquant`] holds the row codecs of the quantized KV cache (affine and TurboQuant).
 
+pub mod arena;
 #[cfg(target_arch = "x86_64")]
 mod attn_avx512;
 pub mod attn_block;

@@ -23,6 +23,7 @@
 //! (as ggml) use the block's `s`, rounded to f16. Prefill and decode run the same kernel, so
 //! they agree to the bit.
 
+use crate::arena::WeightBuf;
 use crate::blocks::{
     BlockQ8_0, BlockQ8_1, BlockQ8K, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES,
 };
@@ -145,7 +146,7 @@ pub struct RepackedMatrix {
     ty: GgmlType,
     rows: usize,
     cols: usize,
-    data: Vec<u8>,
+    data: WeightBuf,
 }
 
 impl RepackedMatrix {
@@ -162,17 +163,19 @@ impl RepackedMatrix {
         Self::from_file_bytes(w.ty(), w.rows(), w.cols(), w.data().to_vec())
     }
 
-    /// Repacks `bytes` (`rows` rows of `cols` elements of `ty`, file layout) in place: group
-    /// `g` takes exactly the bytes of rows `16g..16g + 16`, so only one group's worth is copied
-    /// aside at a time and loading never holds the matrix twice. An error if `ty` has no
-    /// interleaved layout or the size is wrong.
+    /// Repacks `bytes` (`rows` rows of `cols` elements of `ty`, file layout): copied once to
+    /// huge-page storage, then rearranged there in place (group `g` takes exactly the bytes of
+    /// rows `16g..16g + 16`, so only one group's worth is copied aside at a time). An error if
+    /// `ty` has no interleaved layout or the size is wrong.
     pub fn from_file_bytes(ty: GgmlType, rows: usize, cols: usize, bytes: Vec<u8>) -> Result<Self> {
         let fb = file_block_bytes(ty).ok_or(KernelError::Unsupported { op: "repack", ty })?;
         let rb = QMatrix::new(ty, rows, cols, &bytes)?.row_bytes();
         let stripe = GROUP_ROWS * rb;
-        let mut data = bytes;
-        // Padding rows are zero blocks, in either layout.
-        data.resize(rows.div_ceil(GROUP_ROWS) * stripe, 0);
+        // Padding rows are zero blocks, in either layout. The copy goes to huge pages (see
+        // `arena`); the file's bytes are released as soon as it is made.
+        let padded = rows.div_ceil(GROUP_ROWS) * stripe;
+        let mut data = WeightBuf::copy_of(&bytes, padded.saturating_sub(bytes.len()));
+        drop(bytes);
         let mut file = vec![0u8; stripe];
         for group in data.chunks_exact_mut(stripe.max(1)) {
             file.copy_from_slice(group);

@@ -4,16 +4,12 @@
 //! word. Per 32 (Q4_K) or 16 (Q6_K) values the integer sum is multiplied by the rows' sub-block
 //! scales (`vpmulld`) and summed in integers; floats enter once per super-block, as in ggml.
 
-use super::repack::{block_dot, nibble_codes, vectors};
+use super::repack::{PREFETCH_AHEAD, block_dot, nibble_codes, prefetch, vectors};
 use crate::blocks::BlockQ8K;
 use crate::repack_k::{
     Q4_K_CODES_AT, Q4_KX16_BYTES, Q6_K_CODES_AT, Q6_K_PIECE_BYTES, Q6_K_SCALES_AT, Q6_KX16_BYTES,
 };
 use std::arch::x86_64::*;
-
-/// How far ahead of the piece being multiplied the kernels ask for their weights (the
-/// hardware's own prefetch left the Q6_K kernel waiting on memory at one token).
-const PREFETCH_AHEAD: usize = 2048;
 
 /// Q4_K weights of one 16-row group (`w`, one entry per super-block along the row) × `N` Q8_K
 /// activation rows: `out[t][k] = dot(row k, a[t])`. Per super-block and row,
@@ -43,7 +39,7 @@ pub fn q4_kx16_q8_k<const N: usize>(
         let (sc, v) = unsafe {
             let raw = _mm512_cvtepu8_epi32(_mm_loadu_si128(base.add(64 + 16 * p).cast()));
             let piece = base.add(Q4_K_CODES_AT + 256 * p);
-            prefetch::<4>(piece.wrapping_add(PREFETCH_AHEAD));
+            prefetch(piece.wrapping_add(PREFETCH_AHEAD), 256);
             let p4 = vectors::<4>(piece);
             (_mm512_and_si512(raw, low6), nibble_codes(&p4, m4))
         };
@@ -81,16 +77,6 @@ pub fn q4_kx16_q8_k<const N: usize>(
     for t in 0..N {
         // SAFETY: `out[t]` is 16 floats.
         unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
-    }
-}
-
-/// Asks for the `LINES` cache lines from `at` (an address past the matrix is harmless: a
-/// prefetch never faults).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn prefetch<const LINES: usize>(at: *const u8) {
-    for line in 0..LINES {
-        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line).cast());
     }
 }
 
@@ -154,7 +140,7 @@ pub fn q6_kx16_q8_k<const N: usize>(
                 _mm512_cvtepi8_epi32(_mm_loadu_si128(base.add(Q6_K_SCALES_AT + 16 * s).cast()))
             };
             let piece = base.add(Q6_K_CODES_AT + Q6_K_PIECE_BYTES * p);
-            prefetch::<{ Q6_K_PIECE_BYTES / 64 }>(piece.wrapping_add(PREFETCH_AHEAD));
+            prefetch(piece.wrapping_add(PREFETCH_AHEAD), Q6_K_PIECE_BYTES);
             (sc(2 * p), sc(2 * p + 1), q6_k_codes(piece, m4))
         };
         for t in 0..N {

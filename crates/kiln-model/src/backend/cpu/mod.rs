@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use kiln_kernels::arena::WeightBuf;
 use kiln_kernels::head16::{Q16Activations, matmul_repacked_q16};
 use kiln_kernels::repack::{RepackedMatrix, matmul_repacked, matmul_repacked_many};
 use kiln_kernels::{GgmlType, QMatrix, QuantizedActivations};
@@ -51,8 +52,8 @@ pub enum CpuMatrix {
         rows: usize,
         /// Input features.
         cols: usize,
-        /// Raw row bytes.
-        bytes: Vec<u8>,
+        /// Raw row bytes (on huge pages where the OS allows: `kiln_kernels::arena`).
+        bytes: WeightBuf,
         /// Multiply with unquantized activations instead of 8-bit ones.
         f32_activations: bool,
     },
@@ -158,11 +159,13 @@ impl Backend for CpuBackend {
                 t.ty, t.rows, t.cols, t.bytes,
             )?));
         }
+        let bytes = WeightBuf::copy_of(&t.bytes, 0);
+        drop(t.bytes);
         Ok(CpuMatrix::Quant {
             ty: t.ty,
             rows: t.rows,
             cols: t.cols,
-            bytes: t.bytes,
+            bytes,
             f32_activations,
         })
     }
