@@ -10,7 +10,7 @@
 //! the mapping fails, a buffer is an ordinary heap allocation.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 /// Huge-page size the chunks are aligned to.
 const HUGE_PAGE: usize = 2 << 20;
@@ -88,8 +88,9 @@ impl Drop for Chunk {
     }
 }
 
-/// The chunk being filled and the first free byte in it.
-static CURRENT: Mutex<Option<(Arc<Chunk>, usize)>> = Mutex::new(None);
+/// The chunk being filled and the first free byte in it. Held weakly: once every buffer cut
+/// from it is gone (a model unloaded), the chunk goes too, rather than keeping its pages.
+static CURRENT: Mutex<Option<(Weak<Chunk>, usize)>> = Mutex::new(None);
 
 /// An owned, zero-initialised byte buffer for weights, on huge pages where the OS allows.
 pub struct WeightBuf {
@@ -140,18 +141,16 @@ fn cut(len: usize) -> Option<Storage> {
         });
     }
     let mut current = CURRENT.lock().unwrap_or_else(|p| p.into_inner());
-    let fits = |c: &(Arc<Chunk>, usize)| c.1.next_multiple_of(ALIGN) + len <= c.0.size;
-    if !current.as_ref().is_some_and(fits) {
-        *current = Some((Arc::new(Chunk::map(CHUNK)?), 0));
-    }
-    let (chunk, free) = current.as_mut()?;
-    let offset = free.next_multiple_of(ALIGN);
-    *free = offset + len;
-    Some(Storage::Chunk {
-        chunk: chunk.clone(),
-        offset,
-        len,
-    })
+    let live = current
+        .as_ref()
+        .and_then(|(chunk, free)| Some((chunk.upgrade()?, free.next_multiple_of(ALIGN))))
+        .filter(|(chunk, offset)| offset + len <= chunk.size);
+    let (chunk, offset) = match live {
+        Some(found) => found,
+        None => (Arc::new(Chunk::map(CHUNK)?), 0),
+    };
+    *current = Some((Arc::downgrade(&chunk), offset + len));
+    Some(Storage::Chunk { chunk, offset, len })
 }
 
 impl Deref for WeightBuf {
@@ -220,6 +219,21 @@ mod tests {
         let copy = bufs[2].clone();
         drop(bufs);
         assert!(copy.iter().all(|&x| x == 3));
+        // A chunk outlives the slot it was cut for only through its buffers.
+        let weak = match &copy.storage {
+            Storage::Chunk { chunk, .. } => Some(Arc::downgrade(chunk)),
+            Storage::Heap(_) => None,
+        };
+        drop(copy);
+        if let Some(weak) = weak {
+            let sharing = CURRENT
+                .lock()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|(c, _)| c.ptr_eq(&weak));
+            // Other tests may cut from the same chunk meanwhile; alone, it is gone.
+            assert!(weak.upgrade().is_none() || sharing);
+        }
         assert!(WeightBuf::zeroed(0).is_empty());
         let c = WeightBuf::copy_of(&[1, 2, 3], 2);
         assert_eq!(&c[..], &[1, 2, 3, 0, 0]);

@@ -22,21 +22,23 @@ pub const CPU_KV_CAPS_SLIDING: bool = false;
 pub const RUNTIME_OVERHEAD_BYTES: u64 = 30_000_000;
 
 /// Weight bytes a decoded token streams per second on the machine kiln was measured on (2
-/// shared cores, AVX-512: SmolLM2-135M Q4_1, 96.6 MB of tensors, decodes at ~210 tok/s at
-/// depth 0 ⇒ ~20 GB/s). Only an estimate for `kiln fit`'s predicted tok/s: real speed depends
-/// on the cores, their count, their instruction set and the memory system.
-pub const DECODE_BYTES_PER_SEC: f64 = 20e9;
+/// shared cores, AVX-512, weights on huge pages: SmolLM2-135M Q4_1, 96.6 MB of tensors,
+/// decodes at ~305 tok/s at depth 0 with 2 threads ⇒ ~30 GB/s, the machine's read bandwidth).
+/// Only an estimate for `kiln fit`'s predicted tok/s: real speed depends on the cores, their
+/// count, their instruction set and the memory system.
+pub const DECODE_BYTES_PER_SEC: f64 = 30e9;
 
 /// Cache bytes attention reads per second in decode on the same machine: at depth 2,048 the
-/// same model decodes at ~58 tok/s with 94.4 MB of dense f32 cache, 17.4 ms a token of which
-/// the weights take 4.8 ms ⇒ ~7.5 GB/s. Attention, not the memory system, sets this rate.
-pub const DECODE_KV_BYTES_PER_SEC: f64 = 7.5e9;
+/// same model decodes at 76–98 tok/s (two runs) with 94.4 MB of dense f32 cache, 10.2–13.2 ms a
+/// token of which the weights take 3.2 ms ⇒ 9.4–13.5 GB/s. Attention, not the memory system,
+/// sets this rate.
+pub const DECODE_KV_BYTES_PER_SEC: f64 = 10e9;
 
 /// Attention's cost per cached key or value element in decode, whatever its storage: the floor
 /// a quantized cache meets however few bytes it holds (decoding codes is compute). Measured on
-/// the same machine at depth 2,048: kv8 ~74 tok/s, kv4 ~77 tok/s ⇒ 8.2–8.7 ms for 2,048 × 30
-/// layers × 384 elements ⇒ ~0.34 ns each.
-pub const DECODE_KV_SECONDS_PER_ELEMENT: f64 = 0.34e-9;
+/// the same machine at depth 2,048: kv8 97–100 tok/s, kv4 95–100 tok/s ⇒ 6.8–7.3 ms for 2,048 ×
+/// 30 layers × 384 elements ⇒ ~0.30 ns each.
+pub const DECODE_KV_SECONDS_PER_ELEMENT: f64 = 0.30e-9;
 
 /// The prefill chunk kiln's engine uses (`EngineOptions::prefill_chunk`).
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
