@@ -19,8 +19,8 @@ pub(crate) fn scores_fit(head_dim: usize) -> bool {
     head_dim.is_multiple_of(8) && head_dim > 0 && head_dim <= MAX_HEAD_DIM
 }
 
-/// `s[h·n + off + j] = (q_h · row_j) · scale` for the first `t.len / 16 · 16` rows, returning
-/// how many rows it did; the caller runs the rest through the portable loop.
+/// `s[h·n + off + j] = (q_h · row_j) · scale` for every row `j` of the tile and head `h` of
+/// `q`; a last block of fewer than 16 rows is filled with zero rows, whose lanes are not stored.
 ///
 /// # Safety
 /// The CPU must support AVX-512F; `scores_fit(t.head_dim)`; the caller has checked the sizes
@@ -33,11 +33,16 @@ pub(crate) unsafe fn scores(
     s: &mut [f32],
     n: usize,
     off: usize,
-) -> usize {
+) {
     let hd = t.head_dim;
     let chunks = hd / 8;
-    let full = t.len / BLOCK * BLOCK;
     let idx = TransposeIndex::new();
+    // Stands in for the rows past the end of a last, partial block; their lanes are not stored.
+    let zeros = [0f32; MAX_HEAD_DIM];
+    let row = |j: usize| match j < t.len {
+        true => t.rows[j * t.stride..][..hd].as_ptr(),
+        false => zeros.as_ptr(),
+    };
     let mut pairs = [_mm512_setzero_ps(); 8];
     let mut qv = [_mm512_setzero_ps(); MAX_HEAD_DIM / 8];
     for (h, qh) in q.chunks_exact(hd).enumerate() {
@@ -46,10 +51,9 @@ pub(crate) unsafe fn scores(
             let chunk = unsafe { _mm256_loadu_ps(qh.as_ptr().add(8 * c)) };
             *v = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(chunk)));
         }
-        for j0 in (0..full).step_by(BLOCK) {
+        for j0 in (0..t.len).step_by(BLOCK) {
             for (p, pair) in pairs.iter_mut().enumerate() {
-                let a = t.rows[(j0 + 2 * p) * t.stride..][..hd].as_ptr();
-                let b = t.rows[(j0 + 2 * p + 1) * t.stride..][..hd].as_ptr();
+                let (a, b) = (row(j0 + 2 * p), row(j0 + 2 * p + 1));
                 let mut acc = _mm512_setzero_ps();
                 for (c, qc) in qv[..chunks].iter().enumerate() {
                     // SAFETY: chunk c of rows j0 + 2p and j0 + 2p + 1 (each hd values).
@@ -65,12 +69,12 @@ pub(crate) unsafe fn scores(
                 *pair = acc;
             }
             let sums = _mm512_mul_ps(idx.lane_sums(&pairs), _mm512_set1_ps(scale));
-            let dst = &mut s[h * n + off + j0..][..BLOCK];
-            // SAFETY: `dst` is 16 floats.
-            unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), sums) };
+            let live = BLOCK.min(t.len - j0);
+            let dst = &mut s[h * n + off + j0..][..live];
+            // SAFETY: the mask writes `live` floats, the length of `dst`.
+            unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), ((1u32 << live) - 1) as u16, sums) };
         }
     }
-    full
 }
 
 /// `out_h += Σ_j w[h·n + off + j] · row_j` for every head `h` of `out`, as the portable loop;
@@ -162,37 +166,41 @@ struct TransposeIndex {
     round3: [__m512i; 2],
 }
 
-/// Index vector: lane `l` takes `f(l)` (0..16 the first source, 16..32 the second).
-fn lanes(f: &dyn Fn(i32) -> i32) -> [i32; 16] {
-    let mut out = [0i32; 16];
-    let mut l = 0;
-    while l < 16 {
-        out[l] = f(l as i32);
-        l += 1;
+/// Index vectors (lane `l` takes `f(l)`: 0..16 from the first source, 16..32 the second) of
+/// the three rounds, for their two halves. Round 1: two vectors of 2 rows × 8 values →
+/// values `4h..4h + 4` of 4 rows, lane `4e + r`. Round 2: two of those (rows 0..4, 4..8) →
+/// values `2g..2g + 2` of them of 8 rows, lane `8e + r`. Round 3: rows 0..8 and 8..16 → value
+/// `e` of 16 rows, lane `r`.
+const ROUNDS: [[[i32; 16]; 2]; 3] = {
+    let mut t = [[[0i32; 16]; 2]; 3];
+    let mut half = 0;
+    while half < 2 {
+        let mut l = 0;
+        while l < 16 {
+            let (h, i) = (half as i32, l as i32);
+            t[0][half][l] = (i % 4 / 2) * 16 + (i % 2) * 8 + 4 * h + i / 4;
+            t[1][half][l] = (i % 8 / 4) * 16 + 4 * (2 * h + i / 8) + i % 4;
+            t[2][half][l] = (i / 8) * 16 + 8 * h + i % 8;
+            l += 1;
+        }
+        half += 1;
     }
-    out
-}
+    t
+};
 
 impl TransposeIndex {
     #[inline]
     #[target_feature(enable = "avx512f,avx2")]
     fn new() -> Self {
-        let load = |a: [i32; 16]| {
+        let load = |a: &[i32; 16]| {
             // SAFETY: 16 i32 are 64 bytes.
             unsafe { _mm512_loadu_si512(a.as_ptr().cast()) }
         };
-        // Round 1: two vectors of 2 rows × 8 values → elements 4h..4h + 4 of 4 rows,
-        // lane 4e + r.
-        let r1 = |h: i32| lanes(&|l| (l % 4 / 2) * 16 + (l % 2) * 8 + 4 * h + l / 4);
-        // Round 2: two of those (rows 0..4, 4..8) → elements 2g..2g + 2 of them of 8 rows,
-        // lane 8e + r.
-        let r2 = |g: i32| lanes(&|l| (l % 8 / 4) * 16 + 4 * (2 * g + l / 8) + l % 4);
-        // Round 3: rows 0..8 and 8..16 → element e of 16 rows, lane r.
-        let r3 = |e: i32| lanes(&|l| (l / 8) * 16 + 8 * e + l % 8);
+        let [r1, r2, r3] = &ROUNDS;
         Self {
-            round1: [load(r1(0)), load(r1(1))],
-            round2: [load(r2(0)), load(r2(1))],
-            round3: [load(r3(0)), load(r3(1))],
+            round1: [load(&r1[0]), load(&r1[1])],
+            round2: [load(&r2[0]), load(&r2[1])],
+            round3: [load(&r3[0]), load(&r3[1])],
         }
     }
 

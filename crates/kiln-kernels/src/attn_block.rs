@@ -393,18 +393,7 @@ mod tests {
     use super::*;
     use crate::attn_tile::{tile_scores, tile_weighted_sum};
     use crate::level::supported_levels;
-
-    fn noise(n: usize, seed: u32) -> Vec<f32> {
-        let mut x = seed;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                (x % 20_000) as f32 / 1000.0 - 10.0
-            })
-            .collect()
-    }
+    use crate::testutil::noise;
 
     /// Every level, on ragged head widths, tile lengths and query counts, gives the exact bits
     /// of the per-row loops of `attn_tile` (the decode path's).

@@ -37,14 +37,7 @@ pub fn tile_scores(
     {
         // SAFETY: AVX-512F is present (the level is clamped to the hardware); the head width
         // fits and `check` has checked the sizes.
-        let done = unsafe { crate::attn_avx512::scores(queries, tile, scale, scores, n, offset) };
-        let rest = Tile {
-            rows: tile.rows.get(done * tile.stride..).unwrap_or(&[]),
-            len: tile.len - done,
-            ..tile
-        };
-        // SAFETY: as above; AVX-512 includes AVX2.
-        return unsafe { scores_avx2(queries, rest, scale, scores, n, offset + done) };
+        return unsafe { crate::attn_avx512::scores(queries, tile, scale, scores, n, offset) };
     }
     #[cfg(target_arch = "x86_64")]
     if level.clamp_to_hardware() >= CpuLevel::Avx2 {
@@ -188,18 +181,7 @@ fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
 mod tests {
     use super::*;
     use crate::level::supported_levels;
-
-    fn noise(n: usize, seed: u32) -> Vec<f32> {
-        let mut x = seed;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                (x % 20_000) as f32 / 1000.0 - 10.0
-            })
-            .collect()
-    }
+    use crate::testutil::noise;
 
     /// Every level gives the portable loops' exact bits, on a ragged head width and tile.
     #[test]

@@ -33,6 +33,8 @@ pub mod quantize;
 pub mod repack;
 pub mod repack_k;
 pub mod softmax;
+#[cfg(test)]
+mod testutil;
 pub mod tile;
 pub mod types;
 

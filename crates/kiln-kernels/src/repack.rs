@@ -542,13 +542,7 @@ mod tests {
     /// scales below 0.05/64, since their sub-block scales multiply them by up to 63 or 128), and
     /// the largest |weight| they can hold.
     fn matrix(ty: GgmlType, rows: usize, cols: usize, seed: u32) -> (Vec<u8>, f32) {
-        let mut x = seed;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x
-        };
+        let mut next = crate::testutil::xorshift(seed);
         let mut data = Vec::new();
         for _ in 0..rows * cols / ty.block_elems() {
             let scale = |v: u32, k: f32| half::f16::from_f32((v % 1000) as f32 / 20_000.0 / k);

@@ -171,18 +171,7 @@ pub(crate) fn unpack_q6_k(k: usize, src: &[u8], out: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bytes(n: usize, seed: u32) -> Vec<u8> {
-        let mut x = seed;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                x as u8
-            })
-            .collect()
-    }
+    use crate::testutil::bytes;
 
     #[test]
     fn q4_k_scales_round_trip() {
