@@ -6,8 +6,9 @@
 //! activation formats as llama.cpp (Q8_0 / Q8_1 / Q8_K).
 //!
 //! [`repack`] rearranges Q4_1 / Q5_0 / Q8_0 weights (and, with the layouts of [`repack_k`],
-//! Q4_K / Q6_K) 16 rows at a time for the AVX-512 VNNI kernels, [`head16`] runs an output head with 16-bit activations, and [`attn_block`] holds
-//! prefill attention's register-blocked loops.
+//! Q4_K / Q6_K) 16 rows at a time for the AVX-512 VNNI kernels, [`head16`] runs an output head
+//! with 16-bit activations, [`attn_block`] holds prefill attention's register-blocked loops,
+//! and [`arena`] keeps weights on huge pages, which decode's bandwidth-bound stream needs.
 //!
 //! [`kvquant`] holds the row codecs of the quantized KV cache (affine and TurboQuant).
 
