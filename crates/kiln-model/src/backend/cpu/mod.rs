@@ -291,7 +291,7 @@ impl Backend for CpuBackend {
             _ => None,
         });
         let format = |m: &RepackedMatrix| kiln_kernels::ActFormat::for_weight(m.ty()).ok();
-        let first = repacked[0].and_then(format);
+        let first = repacked.first().copied().flatten().and_then(format);
         let shared = first.is_some()
             && repacked
                 .iter()
