@@ -28,11 +28,11 @@ pub const RUNTIME_OVERHEAD_BYTES: u64 = 30_000_000;
 /// count, their instruction set and the memory system.
 pub const DECODE_BYTES_PER_SEC: f64 = 30e9;
 
-/// Cache bytes attention reads per second in decode on the same machine: at depth 2,048 the
-/// same model decodes at 76–98 tok/s (two runs) with 94.4 MB of dense f32 cache, 10.2–13.2 ms a
-/// token of which the weights take 3.2 ms ⇒ 9.4–13.5 GB/s. Attention, not the memory system,
-/// sets this rate.
-pub const DECODE_KV_BYTES_PER_SEC: f64 = 10e9;
+/// Cache bytes attention reads per second in decode on the same machine: the same model
+/// decodes at 76–98 tok/s at depth 2,048 (three runs; 94.4 MB of dense f32 cache) and at 35.8
+/// tok/s at depth 8,000 (368.6 MB), of which the weights take 3.2 ms a token ⇒ 9.4–13.5 and
+/// 14.9 GB/s. Attention, not the memory system, sets this rate.
+pub const DECODE_KV_BYTES_PER_SEC: f64 = 13.5e9;
 
 /// Attention's cost per cached key or value element in decode, whatever its storage: the floor
 /// a quantized cache meets however few bytes it holds (decoding codes is compute). Measured on
