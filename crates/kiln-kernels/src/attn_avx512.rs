@@ -14,6 +14,9 @@ const BLOCK: usize = 16;
 /// The widest head the score loop keeps in registers (16 chunks of 8).
 const MAX_HEAD_DIM: usize = 128;
 
+/// Stands in for the rows past the end of a last, partial block; their lanes are not stored.
+static ZERO_ROW: [f32; MAX_HEAD_DIM] = [0.0; MAX_HEAD_DIM];
+
 /// Whether [`scores`] takes this head width (whole 8-value chunks, at most 128).
 pub(crate) fn scores_fit(head_dim: usize) -> bool {
     head_dim.is_multiple_of(8) && head_dim > 0 && head_dim <= MAX_HEAD_DIM
@@ -37,11 +40,9 @@ pub(crate) unsafe fn scores(
     let hd = t.head_dim;
     let chunks = hd / 8;
     let idx = TransposeIndex::new();
-    // Stands in for the rows past the end of a last, partial block; their lanes are not stored.
-    let zeros = [0f32; MAX_HEAD_DIM];
     let row = |j: usize| match j < t.len {
         true => t.rows[j * t.stride..][..hd].as_ptr(),
-        false => zeros.as_ptr(),
+        false => ZERO_ROW.as_ptr(),
     };
     let mut pairs = [_mm512_setzero_ps(); 8];
     let mut qv = [_mm512_setzero_ps(); MAX_HEAD_DIM / 8];

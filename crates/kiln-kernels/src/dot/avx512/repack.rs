@@ -119,21 +119,6 @@ pub(super) fn block_dot(v: &[__m512i; 8], qs: &[i8; 32], init: __m512i) -> __m51
     _mm512_add_epi32(s0, s1)
 }
 
-/// How far ahead of the piece being multiplied the K-quant kernels ask for their weights: at
-/// one token the hardware's own prefetch left the Q6_K kernel waiting on memory. (The same in
-/// the 32-value kernels measured 5–10% slower decode, so they have none.)
-pub(super) const PREFETCH_AHEAD: usize = 2048;
-
-/// Asks for the cache lines of `bytes` from `at` (an address past the matrix is harmless: a
-/// prefetch never faults).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn prefetch(at: *const u8, bytes: usize) {
-    for line in 0..bytes.div_ceil(64) {
-        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line).cast());
-    }
-}
-
 /// `K` consecutive 64-byte vectors from `base`. (Kept out of `std::array::from_fn`, whose
 /// closure does not inherit the target features and is not inlined.)
 ///
