@@ -12,6 +12,7 @@
 //!
 //! [`kvquant`] holds the row codecs of the quantized KV cache (affine and TurboQuant).
 
+pub mod act;
 pub mod arena;
 #[cfg(target_arch = "x86_64")]
 mod attn_avx512;
