@@ -35,6 +35,7 @@ pub mod quantize;
 pub mod repack;
 pub mod repack_k;
 pub mod softmax;
+mod task_ranges;
 #[cfg(test)]
 mod testutil;
 pub mod tile;

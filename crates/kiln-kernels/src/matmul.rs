@@ -154,7 +154,7 @@ pub(crate) fn par_drive(
             t0 = t1;
         }
     };
-    pool.run(n_tasks, &task);
+    pool.run_contiguous(n_tasks, &task);
 }
 
 /// Weight rows per call of a tile closure, which resolves the tile's activation rows once for
@@ -187,7 +187,7 @@ pub(crate) fn par_drive_tiles(
         .max(1)
         .next_multiple_of(TILE_ROWS);
     let ptr = OutPtr(out.as_mut_ptr());
-    pool.run(n_tasks, &|c: usize| {
+    pool.run_contiguous(n_tasks, &|c: usize| {
         let (r0, r1) = (c * per_task, ((c + 1) * per_task).min(rows));
         let mut buf = [[0f32; TOKEN_TILE]; TILE_ROWS];
         for b0 in (r0..r1).step_by(block) {

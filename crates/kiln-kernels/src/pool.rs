@@ -11,6 +11,8 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::task_ranges::TaskRanges;
+
 /// How long an idle worker spins before parking.
 const SPIN: Duration = Duration::from_micros(200);
 /// Spin iterations between `yield_now` calls (a few microseconds), so spinning never starves
@@ -20,9 +22,16 @@ const YIELD_EVERY: u32 = 256;
 /// The task function of one job, with its lifetime erased (see `Pool::run` for why that holds).
 struct Job {
     task: *const (dyn Fn(usize) + Sync),
-    n_tasks: usize,
-    next: AtomicUsize,
+    claims: Claims,
     remaining: AtomicUsize,
+}
+
+/// How the threads of a job pick their next task.
+enum Claims {
+    /// One counter: tasks in index order, whichever thread is free.
+    Shared { next: AtomicUsize, n_tasks: usize },
+    /// Contiguous ranges per thread (`task_ranges`).
+    Ranges(TaskRanges),
 }
 
 // SAFETY: `task` points to a `Sync` closure that outlives every call made through it:
@@ -32,13 +41,19 @@ unsafe impl Send for Job {}
 unsafe impl Sync for Job {}
 
 impl Job {
-    /// Claims and runs tasks until none are left.
-    fn work(&self) {
+    /// Claims and runs tasks until none are left; `me` is the thread's index in the pool
+    /// (the caller is 0).
+    fn work(&self, me: usize) {
         loop {
-            let i = self.next.fetch_add(1, Ordering::AcqRel);
-            if i >= self.n_tasks {
+            let claimed = match &self.claims {
+                Claims::Shared { next, n_tasks } => {
+                    Some(next.fetch_add(1, Ordering::AcqRel)).filter(|i| i < n_tasks)
+                }
+                Claims::Ranges(r) => r.claim(me),
+            };
+            let Some(i) = claimed else {
                 return;
-            }
+            };
             // SAFETY: see the `Send`/`Sync` impls above.
             unsafe { (*self.task)(i) };
             self.remaining.fetch_sub(1, Ordering::AcqRel);
@@ -78,7 +93,7 @@ impl Pool {
                 let shared = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("kiln-worker-{i}"))
-                    .spawn(move || worker_loop(&shared))
+                    .spawn(move || worker_loop(&shared, i))
                     .expect("spawning a kernel worker thread")
             })
             .collect();
@@ -96,7 +111,19 @@ impl Pool {
     }
 
     /// Runs `task(i)` for every `i < n_tasks`, spread over the pool; returns when all are done.
+    /// Free threads take the next task in index order.
     pub fn run(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        self.run_claiming(n_tasks, task, false)
+    }
+
+    /// As [`Pool::run`], but each thread takes a contiguous range of the tasks in order (and
+    /// then helps with the others' last ones): for tasks that are consecutive stretches of one
+    /// memory stream, such as a matmul's row groups.
+    pub fn run_contiguous(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        self.run_claiming(n_tasks, task, true)
+    }
+
+    fn run_claiming(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync), ranges: bool) {
         if n_tasks == 0 {
             return;
         }
@@ -110,10 +137,16 @@ impl Pool {
         // SAFETY (lifetime erasure): this function does not return until `remaining` is zero,
         // so the closure outlives every call; see `Job`.
         let task: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(task) };
+        let claims = match ranges {
+            true => Claims::Ranges(TaskRanges::new(n_tasks, self.threads)),
+            false => Claims::Shared {
+                next: AtomicUsize::new(0),
+                n_tasks,
+            },
+        };
         let job = Arc::new(Job {
             task,
-            n_tasks,
-            next: AtomicUsize::new(0),
+            claims,
             remaining: AtomicUsize::new(n_tasks),
         });
         *lock(&self.shared.current) = Some(job.clone());
@@ -122,7 +155,7 @@ impl Pool {
             let _g = lock(&self.shared.current);
             self.shared.wake.notify_all();
         }
-        job.work();
+        job.work(0);
         let mut spins = 0u32;
         while job.remaining.load(Ordering::Acquire) > 0 {
             spins = spins.wrapping_add(1);
@@ -156,7 +189,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn worker_loop(shared: &Shared) {
+fn worker_loop(shared: &Shared, me: usize) {
     let mut seen = shared.generation.load(Ordering::Acquire);
     loop {
         let started = Instant::now();
@@ -189,7 +222,7 @@ fn worker_loop(shared: &Shared) {
         }
         let job = lock(&shared.current).clone();
         if let Some(job) = job {
-            job.work();
+            job.work(me);
         }
     }
 }

@@ -345,8 +345,9 @@ pub(crate) type GroupTile<'a> =
     dyn Fn(usize, Range<usize>, &mut [[f32; GROUP_ROWS]; TOKEN_TILE]) + Sync + 'a;
 
 /// Runs `tile` for every group of `rows` rows and every token tile, writing
-/// `out[t * rows + r]`: groups are split across the pool; inside a task, token tiles are the
-/// outer loop so the tile's activations stay in L1 while the task's weights come from L2.
+/// `out[t * rows + r]`: groups are split across the pool, each thread taking a contiguous
+/// range of them (`Pool::run_contiguous`); inside a task, token tiles are the outer loop so
+/// the tile's activations stay in L1 while the task's weights come from L2.
 pub(crate) fn par_groups(rows: usize, n_tokens: usize, out: &mut [f32], tile: &GroupTile<'_>) {
     let ptr = OutPtr(out.as_mut_ptr());
     par_groups_many([rows], n_tokens, [ptr], &|_, g, ts, buf| tile(g, ts, buf));
@@ -378,7 +379,7 @@ fn par_groups_many<const M: usize>(
     // Decode: a task's few hundred nanoseconds of work would not pay for finer splitting.
     let split = if n_tokens > 1 { 8 } else { 4 };
     let per_task = groups.div_ceil(pool.threads() * split).max(1);
-    pool.run(groups.div_ceil(per_task), &|task| {
+    pool.run_contiguous(groups.div_ceil(per_task), &|task| {
         let g_end = ((task + 1) * per_task).min(groups);
         let mut buf = [[0f32; GROUP_ROWS]; TOKEN_TILE];
         for t0 in (0..n_tokens).step_by(TOKEN_TILE) {
