@@ -50,25 +50,12 @@ fn silu_mul_lanes(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// exp(x): 0-ish below -87 (the activation is then x to f32 precision), infinite above 88
-/// (the activation is then -0, as with libm's overflow), otherwise by range reduction to `2^n · e^r`, |r| ≤ ln2/2, and a degree-6 polynomial; as
-/// `softmax::exp_shifted_in_place`'s, with the positive half of the range.
+/// exp(x): exp(-87) below -87 (the activation is then x to f32 precision), infinite from 88
+/// (the activation is then -0, as with libm's overflow), otherwise the softmax's exponential.
 #[inline(always)]
 fn exp_clamped(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    let x = x.clamp(-87.0, 88.0);
-    // Round to nearest with the 1.5·2^23 trick: no `round` call, so it vectorises.
-    const MAGIC: f32 = 12_582_912.0;
-    let n = (x * LOG2E + MAGIC) - MAGIC;
-    let r = x - n * LN2_HI - n * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    if x >= 88.0 { f32::INFINITY } else { p * scale }
+    let e = crate::softmax::exp_reduced(x.clamp(-87.0, 88.0));
+    if x >= 88.0 { f32::INFINITY } else { e }
 }
 
 #[cfg(test)]

@@ -29,14 +29,20 @@ pub(crate) fn exp_shifted_lanes(s: &mut [f32], max: f32) -> f32 {
     total
 }
 
-/// exp(x) for x ≤ 0 by range reduction to `2^n · e^r`, |r| ≤ ln2/2, and a degree-6 polynomial.
+/// exp(x) for x ≤ 0; below -87 (where exp leaves f32's normal range) it is exp(-87), which the
+/// softmax treats as zero.
 #[inline(always)]
 fn exp_approx(x: f32) -> f32 {
+    exp_reduced(x.max(-87.0))
+}
+
+/// exp(x) for x in [-87, 88] by range reduction to `2^n · e^r`, |r| ≤ ln2/2, and a degree-6
+/// polynomial; branch-free, so loops over it vectorise. Shared with `act`'s SiLU.
+#[inline(always)]
+pub(crate) fn exp_reduced(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
-    // Below this exp underflows f32's normal range; the softmax treats it as zero.
-    let x = x.max(-87.0);
     // Round to nearest with the 1.5·2^23 trick: no `round` call, so it vectorises.
     const MAGIC: f32 = 12_582_912.0;
     let n = (x * LOG2E + MAGIC) - MAGIC;
