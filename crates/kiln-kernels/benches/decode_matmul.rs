@@ -48,6 +48,11 @@ fn rate(ws: &[RepackedMatrix], reps: usize) -> f64 {
 }
 
 fn main() {
+    // `cargo test --benches` runs this too, unoptimised and without `--bench`: skip there.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("decode_matmul: a benchmark; run it with `cargo bench`");
+        return;
+    }
     if !kiln_kernels::repack::RepackedMatrix::worthwhile(kiln_kernels::cpu_level(), GgmlType::Q8_0)
     {
         println!("decode_matmul: no repacked Q8_0 kernel on this CPU; nothing to measure");

@@ -36,7 +36,7 @@ enum Claims {
 
 // SAFETY: `task` points to a `Sync` closure that outlives every call made through it:
 // `Pool::run` does not return before `remaining` reaches zero, and a task index is claimed
-// (through `next`) before the closure is called, so no call can start after the last one ends.
+// (through `Claims`) before the closure is called, so no call can start after the last one ends.
 unsafe impl Send for Job {}
 unsafe impl Sync for Job {}
 
@@ -137,7 +137,9 @@ impl Pool {
         // SAFETY (lifetime erasure): this function does not return until `remaining` is zero,
         // so the closure outlives every call; see `Job`.
         let task: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(task) };
-        let claims = match ranges {
+        // Ranges pack a task index into 32 bits; a job that large (none of kiln's is) takes the
+        // shared counter instead.
+        let claims = match ranges && n_tasks <= TaskRanges::MAX_TASKS {
             true => Claims::Ranges(TaskRanges::new(n_tasks, self.threads)),
             false => Claims::Shared {
                 next: AtomicUsize::new(0),
@@ -346,6 +348,21 @@ mod tests {
         for n in [0, 1, 2, 7, 100, 1000] {
             let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
             pool.run(n, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "n = {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn contiguous_runs_every_task_exactly_once() {
+        let pool = Pool::new(3);
+        for n in [0, 1, 2, 7, 100, 1000] {
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.run_contiguous(n, &|i| {
                 hits[i].fetch_add(1, Ordering::Relaxed);
             });
             assert!(

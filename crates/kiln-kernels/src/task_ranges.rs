@@ -21,10 +21,21 @@ fn unpack(v: u64) -> (usize, usize) {
 }
 
 impl TaskRanges {
-    /// `n_tasks` (below 2³²) split into `threads` ranges as even as integers allow.
+    /// The most tasks a job can have: indices are packed into 32 bits.
+    pub(crate) const MAX_TASKS: usize = u32::MAX as usize;
+
+    /// `n_tasks` split into `threads` ranges as even as integers allow.
+    ///
+    /// # Panics
+    /// If `n_tasks` exceeds [`TaskRanges::MAX_TASKS`] (the pool checks before).
     pub(crate) fn new(n_tasks: usize, threads: usize) -> Self {
+        assert!(
+            n_tasks <= Self::MAX_TASKS,
+            "{n_tasks} tasks do not fit 32 bits"
+        );
         let threads = threads.max(1);
-        let bound = |k: usize| k * n_tasks / threads;
+        // In u64: k · n_tasks stays below 2⁶⁴ for any thread count a machine has.
+        let bound = |k: usize| (k as u64 * n_tasks as u64 / threads as u64) as usize;
         Self {
             ranges: (0..threads)
                 .map(|k| AtomicU64::new(pack(bound(k), bound(k + 1))))

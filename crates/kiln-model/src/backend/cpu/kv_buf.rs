@@ -1,6 +1,6 @@
-//! One KV buffer as its own anonymous mapping. The kernel commits pages only as positions are
-//! written, and dropping the buffer (a layer converting, a sequence ending) returns them to the
-//! system at once — the heap allocator could keep a freed multi-megabyte block, which would make
+//! One KV buffer as its own anonymous mapping, on small pages. The kernel commits pages only as
+//! positions are written, and dropping the buffer (a layer converting, a sequence ending)
+//! returns them to the system at once — the heap allocator could keep a freed multi-megabyte block, which would make
 //! the resident size drift from what `kiln fit` bills.
 
 use crate::ModelError;
@@ -18,6 +18,11 @@ impl KvBuf {
         }
         let map = memmap2::MmapMut::map_anon(len)
             .map_err(|e| ModelError::Forward(format!("allocating {len} bytes of KV cache: {e}")))?;
+        // Each KV head's rows start at their own offset, so under `transparent_hugepage=always`
+        // a one-token sequence could fault in a 2 MiB page per head and buffer, far above what
+        // `kiln fit` bills per position. Only advice: failure changes nothing but RSS.
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::NoHugePage);
         Ok(Self { map: Some(map) })
     }
 

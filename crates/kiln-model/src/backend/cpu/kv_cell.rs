@@ -233,6 +233,7 @@ impl LayerCell {
             (&self.values, self.v_row)
         };
         let hd = self.head_dim;
+        debug_assert!(first + n <= self.capacity, "rows past the capacity");
         if self.state == KvLayerState::Dense(DenseKv::F32) {
             return (&buf.f32s()[self.row(head, first) * hd..], hd);
         }
@@ -273,8 +274,15 @@ impl LayerCell {
         true
     }
 
-    /// Index of the row of `head` at `pos`.
+    /// Index of the row of `head` at `pos`. A position past the capacity would land in the
+    /// next head's rows, not past the buffer: the model checks positions against the capacity
+    /// before any forward, and this re-checks in debug builds.
     fn row(&self, head: usize, pos: usize) -> usize {
+        debug_assert!(
+            pos < self.capacity,
+            "position {pos} ≥ capacity {}",
+            self.capacity
+        );
         head * self.capacity + pos
     }
 }
