@@ -216,6 +216,21 @@ pub struct OpProfile {
     pub other_ns: u64,
 }
 
+/// [`Backend::matmul_each`] as one `matmul` per matrix: the default, and a backend's fallback
+/// for matrices it cannot run as one step.
+pub(crate) fn matmul_separately<B: Backend + ?Sized, const M: usize>(
+    b: &B,
+    x: &B::Act,
+    ws: [&B::Matrix; M],
+) -> Result<[B::Act; M], ModelError> {
+    let mut outs = Vec::with_capacity(M);
+    for w in ws {
+        outs.push(b.matmul(x, w)?);
+    }
+    outs.try_into()
+        .map_err(|_| ModelError::Forward("matmul_each: output count".into()))
+}
+
 /// The operation set. Activations are row-major `[tokens, width]`.
 pub trait Backend: Send + Sync {
     /// A weight matrix `[rows = out features, cols = in features]`, possibly quantized.
@@ -274,12 +289,7 @@ pub trait Backend: Send + Sync {
         x: &Self::Act,
         ws: [&Self::Matrix; M],
     ) -> Result<[Self::Act; M], ModelError> {
-        let mut outs = Vec::with_capacity(M);
-        for w in ws {
-            outs.push(self.matmul(x, w)?);
-        }
-        outs.try_into()
-            .map_err(|_| ModelError::Forward("matmul_each: output count".into()))
+        matmul_separately(self, x, ws)
     }
     /// Adds a bias to every row.
     fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector);

@@ -297,13 +297,7 @@ impl Backend for CpuBackend {
                 .iter()
                 .all(|m| m.is_some_and(|m| format(m) == first && m.cols() == x.cols));
         if !shared || M < 2 {
-            let mut outs = Vec::with_capacity(M);
-            for w in ws {
-                outs.push(self.matmul(x, w)?);
-            }
-            return outs
-                .try_into()
-                .map_err(|_| ModelError::Forward("matmul_each: output count".into()));
+            return crate::backend::matmul_separately(self, x, ws);
         }
         let _timer = Timer::new(&self.matmul_ns);
         let mut outs = ws.map(|w| HostAct::zeros(x.rows, w.rows()));
