@@ -18,7 +18,7 @@ shell_word() {
     else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
 }
 CMDLINE=""
-for v in KILN_BIN LLAMA_BENCH MODEL ROUNDS THREADS REPS PP TG; do
+for v in KILN_BIN LLAMA_BENCH MODEL ROUNDS THREADS REPS PP TG DEPTH KV_DTYPE; do
     if [[ -n "${!v:-}" ]]; then CMDLINE+="$v=$(shell_word "${!v}") "; fi
 done
 CMDLINE+="$(shell_word "$0")"
@@ -37,6 +37,11 @@ Options (each also settable through the environment variable in brackets):
       --reps N          repetitions inside each engine run [REPS] (default 3)
   -p, --prompt N        prompt tokens of the prefill test ppN [PP] (default 512)
   -n, --gen N           tokens of the generation test tgN [TG] (default 128)
+  -d, --depth N         cache positions filled before each test, llama-bench's
+                        -d [DEPTH] (default 0)
+      --kv-dtype T      KV-cache storage for both engines: f32, f16 or bf16
+                        (kiln --kv-dtype, llama-bench -ctk/-ctv) [KV_DTYPE]
+                        (default: each engine's own, kiln f32, llama.cpp f16)
       --kiln PATH       kiln binary [KILN_BIN] (default target/release/kiln)
       --llama-bench PATH
                         llama-bench binary [LLAMA_BENCH]
@@ -57,6 +62,8 @@ THREADS="${THREADS:-1 2}"
 REPS="${REPS:-3}"
 PP="${PP:-512}"
 TG="${TG:-128}"
+DEPTH="${DEPTH:-0}"
+KV_DTYPE="${KV_DTYPE:-}"
 OUTPUT=""
 RAW_DIR=""
 
@@ -69,6 +76,8 @@ while [[ $# -gt 0 ]]; do
         --reps)           need_arg "$@"; REPS="$2"; shift 2 ;;
         -p|--prompt)      need_arg "$@"; PP="$2"; shift 2 ;;
         -n|--gen)         need_arg "$@"; TG="$2"; shift 2 ;;
+        -d|--depth)       need_arg "$@"; DEPTH="$2"; shift 2 ;;
+        --kv-dtype)       need_arg "$@"; KV_DTYPE="$2"; shift 2 ;;
         --kiln)           need_arg "$@"; KILN_BIN="$2"; shift 2 ;;
         --llama-bench)    need_arg "$@"; LLAMA_BENCH="$2"; shift 2 ;;
         -o|--output)      need_arg "$@"; OUTPUT="$2"; shift 2 ;;
@@ -90,10 +99,17 @@ done
 for v in ROUNDS REPS; do
     is_uint "${!v}" && [[ "${!v}" -gt 0 ]] || die "$v must be a positive integer (got '${!v}')"
 done
-for v in PP TG; do
+for v in PP TG DEPTH; do
     is_uint "${!v}" || die "$v must be a non-negative integer (got '${!v}')"
 done
 [[ "$PP" -gt 0 || "$TG" -gt 0 ]] || die "PP and TG are both 0: nothing to measure"
+KILN_KV=()
+LLAMA_KV=()
+case "$KV_DTYPE" in
+    "") ;;
+    f32|f16|bf16) KILN_KV=(--kv-dtype "$KV_DTYPE"); LLAMA_KV=(-ctk "$KV_DTYPE" -ctv "$KV_DTYPE") ;;
+    *) die "KV_DTYPE must be f32, f16 or bf16 (got '$KV_DTYPE')" ;;
+esac
 
 # A relative binary path is taken from the current directory, else the repo root.
 resolve_bin() {
@@ -151,10 +167,12 @@ for ((round = 1; round <= ROUNDS; round++)); do
         tag="r${round}_t${t}"
         echo "compare.sh: round $round/$ROUNDS, $t thread(s): kiln" >&2
         run_logged "$WORK/kiln_$tag.json" "$WORK/kiln_$tag.log" \
-            "$KILN_BIN" bench "$MODEL" -p "$PP" -n "$TG" -r "$REPS" --threads "$t" --json
+            "$KILN_BIN" bench "$MODEL" -p "$PP" -n "$TG" -r "$REPS" --threads "$t" \
+            -d "$DEPTH" ${KILN_KV[@]+"${KILN_KV[@]}"} --json
         echo "compare.sh: round $round/$ROUNDS, $t thread(s): llama.cpp" >&2
         run_logged "$WORK/llama_$tag.json" "$WORK/llama_$tag.log" \
-            "$LLAMA_BENCH" -m "$MODEL" -p "$PP" -n "$TG" -r "$REPS" -t "$t" -o json
+            "$LLAMA_BENCH" -m "$MODEL" -p "$PP" -n "$TG" -r "$REPS" -t "$t" \
+            -d "$DEPTH" ${LLAMA_KV[@]+"${LLAMA_KV[@]}"} -o json
     done
 done
 LOAD_END="$(loadavg)"
@@ -198,13 +216,14 @@ for path in sorted(glob.glob(os.path.join(work, "llama_*.json"))):
         else:
             test = f"pp{n_prompt}+tg{n_gen}"
         if depth:
-            test += f"@d{depth}"
+            test += f" @ d{depth}"
         add("llama.cpp", row["n_threads"], test, row["samples_ts"])
         llama_build.add(f'{row.get("build_commit", "?")} ({row.get("build_number", "?")})')
 
 tests = []
-if int(env["PP"]) > 0: tests.append(f'pp{env["PP"]}')
-if int(env["TG"]) > 0: tests.append(f'tg{env["TG"]}')
+at = f' @ d{env["DEPTH"]}' if int(env["DEPTH"]) > 0 else ""
+if int(env["PP"]) > 0: tests.append(f'pp{env["PP"]}{at}')
+if int(env["TG"]) > 0: tests.append(f'tg{env["TG"]}{at}')
 threads = [int(t) for t in env["THREADS"].split()]
 
 def stats(key):
@@ -229,7 +248,8 @@ if env.get("LLAMA_SOURCE"):
 out.append(f'CPU: {env["CPU_MODEL"]}  ')
 out.append(f'Binaries: `{env["KILN_BIN"]}`, `{env["LLAMA_BENCH"]}`  ')
 out.append(f'Runs: {env["ROUNDS"]} alternating round(s) x {env["REPS"]} repetition(s) per engine run; '
-           f'threads {", ".join(map(str, threads))}  ')
+           f'threads {", ".join(map(str, threads))}; KV cache '
+           f'{env["KV_DTYPE"] or "each engine default (kiln f32, llama.cpp f16)"}  ')
 out.append(f'Load average (1/5/15 min): {env["LOAD_START"]} before the runs (well above 0: other work '
            f'is using the cores), {env["LOAD_END"]} after (counts the benchmark\'s own threads)')
 out.append("")
@@ -256,7 +276,7 @@ if missing:
 PY
 }
 
-export KILN_BIN LLAMA_BENCH MODEL ROUNDS REPS PP TG CMDLINE DATE GIT_COMMIT KILN_VERSION LLAMA_VERSION LLAMA_SOURCE CPU_MODEL LOAD_START LOAD_END
+export KILN_BIN LLAMA_BENCH MODEL ROUNDS REPS PP TG DEPTH KV_DTYPE CMDLINE DATE GIT_COMMIT KILN_VERSION LLAMA_VERSION LLAMA_SOURCE CPU_MODEL LOAD_START LOAD_END
 export THREADS="${THREAD_LIST[*]}"
 if [[ -n "$OUTPUT" ]]; then
     report | tee "$OUTPUT"

@@ -25,6 +25,7 @@ mod dequant_k;
 pub mod dot;
 pub mod error;
 pub mod exact;
+pub mod half_conv;
 pub mod head16;
 pub mod interleave;
 pub mod kvquant;

@@ -378,8 +378,10 @@ fn attend<'a>(
         if let Some((rk, _)) = rotations {
             query.chunks_exact_mut(hd).for_each(|h| rk.rotate(h));
         }
-        scores.clear();
-        scores.resize(group * n, 0.0);
+        // The tiles write every score: grow the buffer, never clear it.
+        if scores.len() < group * n {
+            scores.resize(group * n, 0.0);
+        }
         let level = kiln_kernels::cpu_level();
         for_each_tile(cell, codec, true, g, first..first + n, hd, tile, |t0, t| {
             attn_tile::tile_scores(level, query, t, p.scale, scores, n, t0);
@@ -568,6 +570,96 @@ mod tests {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max);
             assert!(worst < 1e-5, "{format:?}: split differs by {worst}");
+        }
+    }
+
+    /// An f16 / bf16 cell attends exactly like an f32 cell holding the same (rounded) values:
+    /// prefill blocks, one decode row per head and the split decode path, over several tiles
+    /// and every KV head.
+    #[test]
+    fn sixteen_bit_cells_attend_like_f32_cells_with_the_same_values() {
+        let (kvh, hd, n) = (3, 64, 700);
+        let p = AttentionParams {
+            n_heads: 9,
+            n_kv_heads: kvh,
+            head_dim: hd,
+            scale: 0.125,
+            window: None,
+        };
+        let layout = KvLayout {
+            n_layers: 1,
+            n_kv_heads: kvh,
+            head_dim: hd,
+            n_slots: 1,
+            capacity: 1024,
+        };
+        let plan = |dense| KvPlan {
+            dense,
+            quantized: vec![None],
+            start: 0,
+        };
+        type Rounding = fn(f32) -> f32;
+        let round = |x: &HostAct, through: Rounding| {
+            let mut r = x.clone();
+            r.data.iter_mut().for_each(|v| *v = through(*v));
+            r
+        };
+        let (k, v) = (act(n, kvh * hd, 1, 6.0), act(n, kvh * hd, 2, 4.0));
+        let q = act(n, 9 * hd, 3, 3.0);
+        let cases: [(DenseKv, Rounding); 2] = [
+            (DenseKv::F16, |v| half::f16::from_f32(v).to_f32()),
+            (DenseKv::Bf16, |v| half::bf16::from_f32(v).to_f32()),
+        ];
+        for (dtype, through) in cases {
+            // Prefill all but the last six rows, then five rows (per-head tasks), then one
+            // (split tasks), on both caches.
+            let run = |dense: DenseKv, k: &HostAct, v: &HostAct| {
+                let mut kv = CpuKv::planned(layout, &plan(dense)).unwrap();
+                let first = n - 6;
+                let head = |x: &HostAct| {
+                    let mut a = HostAct::zeros(first, x.cols);
+                    a.data.copy_from_slice(&x.data[..first * x.cols]);
+                    a
+                };
+                let mut outs = vec![attention(
+                    &mut kv,
+                    0,
+                    &head(&q),
+                    &head(k),
+                    &head(v),
+                    &BatchLayout::single(0, 0, first),
+                    &p,
+                )];
+                let rows_at = |x: &HostAct, from: usize, rows: usize| {
+                    let mut a = HostAct::zeros(rows, x.cols);
+                    a.data
+                        .copy_from_slice(&x.data[from * x.cols..(from + rows) * x.cols]);
+                    a
+                };
+                for (from, rows) in [(first, 5), (n - 1, 1)] {
+                    outs.push(attention(
+                        &mut kv,
+                        0,
+                        &rows_at(&q, from, rows),
+                        &rows_at(k, from, rows),
+                        &rows_at(v, from, rows),
+                        &BatchLayout::single(0, from, rows),
+                        &p,
+                    ));
+                }
+                outs
+            };
+            let got = run(dtype, &k, &v);
+            let want = run(DenseKv::F32, &round(&k, through), &round(&v, through));
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    g.data
+                        .iter()
+                        .zip(&w.data)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{dtype:?} differs from f32 holding the same values"
+                );
+            }
         }
     }
 }

@@ -1,7 +1,8 @@
 //! One layer of one sequence: its keys and values in the layer's current format, written a row
 //! (position × KV head) at a time and read back by the attention kernel in f32 tiles.
 
-use half::{bf16, f16};
+use half::bf16;
+use kiln_kernels::half_conv;
 use kiln_kernels::kvquant::affine::AffineCodec;
 use kiln_kernels::kvquant::turbo::TurboCodec;
 
@@ -234,26 +235,34 @@ impl LayerCell {
         };
         let hd = self.head_dim;
         debug_assert!(first + n <= self.capacity, "rows past the capacity");
-        if self.state == KvLayerState::Dense(DenseKv::F32) {
-            return (&buf.f32s()[self.row(head, first) * hd..], hd);
+        let first_row = self.row(head, first);
+        let dtype = match self.state {
+            KvLayerState::Dense(DenseKv::F32) => return (&buf.f32s()[first_row * hd..], hd),
+            KvLayerState::Dense(dtype) => Some(dtype),
+            KvLayerState::Quantized(_) => None,
+        };
+        // Every value of the tile is written below: grow the buffer, never clear it.
+        if tile.len() < n * hd {
+            tile.resize(n * hd, 0.0);
         }
-        tile.clear();
-        tile.resize(n * hd, 0.0);
-        for (i, out) in tile.chunks_exact_mut(hd).enumerate() {
-            let row = self.row(head, first + i);
-            match (self.state, codec) {
-                (KvLayerState::Dense(dtype), _) => read_dense(buf, dtype, row * hd, out),
-                (KvLayerState::Quantized(_), Some(LayerCodec::Affine(c))) => {
-                    c.dequantize(&buf.bytes()[row * row_bytes..][..row_bytes], out)
-                }
-                (KvLayerState::Quantized(_), Some(LayerCodec::Turbo { k, v })) => {
+        let rows = &mut tile[..n * hd];
+        if let Some(dtype) = dtype {
+            // A head's positions are consecutive rows: one conversion for the whole tile.
+            read_dense(buf, dtype, first_row * hd, rows);
+            return (rows, hd);
+        }
+        for (i, out) in rows.chunks_exact_mut(hd).enumerate() {
+            let at = (first_row + i) * row_bytes;
+            match codec {
+                Some(LayerCodec::Affine(c)) => c.dequantize(&buf.bytes()[at..][..row_bytes], out),
+                Some(LayerCodec::Turbo { k, v }) => {
                     let c = if keys { k } else { v };
-                    c.dequantize_rotated(&buf.bytes()[row * row_bytes..][..row_bytes], out)
+                    c.dequantize_rotated(&buf.bytes()[at..][..row_bytes], out)
                 }
-                (KvLayerState::Quantized(_), None) => {}
+                None => {}
             }
         }
-        (tile.as_slice(), hd)
+        (rows, hd)
     }
 
     /// Position `pos`'s keys and values as f32 `kv_width` rows; only for dense cells.
@@ -288,12 +297,10 @@ impl LayerCell {
 }
 
 fn write_dense(buf: &mut KvBuf, dtype: DenseKv, at: usize, x: &[f32]) {
+    let level = kiln_kernels::cpu_level();
     match dtype {
         DenseKv::F32 => buf.f32s_mut()[at..at + x.len()].copy_from_slice(x),
-        DenseKv::F16 => buf.u16s_mut()[at..at + x.len()]
-            .iter_mut()
-            .zip(x)
-            .for_each(|(o, &v)| *o = f16::from_f32(v).to_bits()),
+        DenseKv::F16 => half_conv::f32_to_f16_at(level, x, &mut buf.u16s_mut()[at..at + x.len()]),
         DenseKv::Bf16 => buf.u16s_mut()[at..at + x.len()]
             .iter_mut()
             .zip(x)
@@ -302,16 +309,11 @@ fn write_dense(buf: &mut KvBuf, dtype: DenseKv, at: usize, x: &[f32]) {
 }
 
 fn read_dense(buf: &KvBuf, dtype: DenseKv, at: usize, out: &mut [f32]) {
+    let level = kiln_kernels::cpu_level();
     let n = out.len();
     match dtype {
-        DenseKv::F32 => out.copy_from_slice(&buf.f32s()[at..at + out.len()]),
-        DenseKv::F16 => out
-            .iter_mut()
-            .zip(&buf.u16s()[at..at + n])
-            .for_each(|(o, &b)| *o = f16::from_bits(b).to_f32()),
-        DenseKv::Bf16 => out
-            .iter_mut()
-            .zip(&buf.u16s()[at..at + n])
-            .for_each(|(o, &b)| *o = bf16::from_bits(b).to_f32()),
+        DenseKv::F32 => out.copy_from_slice(&buf.f32s()[at..at + n]),
+        DenseKv::F16 => half_conv::f16_to_f32_at(level, &buf.u16s()[at..at + n], out),
+        DenseKv::Bf16 => half_conv::bf16_to_f32_at(level, &buf.u16s()[at..at + n], out),
     }
 }
