@@ -45,13 +45,21 @@ pub(crate) fn exp_reduced(x: f32) -> f32 {
     const LN2_LO: f32 = 1.428_606_8e-6;
     // Round to nearest with the 1.5·2^23 trick: no `round` call, so it vectorises.
     const MAGIC: f32 = 12_582_912.0;
-    let n = (x * LOG2E + MAGIC) - MAGIC;
+    let shifted = x * LOG2E + MAGIC;
+    let n = shifted - MAGIC;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n from the integer n held in `shifted`'s low mantissa bits (|n| ≤ 127 < 2^22), the same
+    // bits as `(n as i32 + 127) << 23`: a float-to-int `as` saturates, which the compiler does
+    // lane by lane with scalar converts and selects (prefill at 1 thread: +9% without it).
+    let biased = shifted
+        .to_bits()
+        .wrapping_sub(MAGIC.to_bits())
+        .wrapping_add(127);
+    let scale = f32::from_bits(biased << 23);
     p * scale
 }
 
@@ -72,6 +80,27 @@ mod tests {
         assert!(worst <= 3e-7, "worst relative error {worst}");
         assert_eq!(exp_approx(0.0), 1.0);
         assert_eq!(exp_approx(-1000.0), exp_approx(-87.0));
+    }
+
+    /// The power of two built from the mantissa bits is the one a saturating cast built, for
+    /// every argument the callers pass (the softmax's [-87, 0], SiLU's [-87, 88]).
+    #[test]
+    fn power_of_two_from_the_mantissa_matches_the_cast() {
+        let reference = |x: f32| {
+            const MAGIC: f32 = 12_582_912.0;
+            let n = (x * std::f32::consts::LOG2_E + MAGIC) - MAGIC;
+            let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
+            let p = 1.0
+                + r * (1.0
+                    + r * (0.5
+                        + r * (1.0 / 6.0
+                            + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+            p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+        };
+        let xs = (0..=470_270).map(|i| -87.0 + i as f32 * 0.000_37);
+        for x in xs.chain([88.0, -87.0, 0.0, -0.0]) {
+            assert_eq!(exp_reduced(x).to_bits(), reference(x).to_bits(), "exp({x})");
+        }
     }
 
     #[test]
