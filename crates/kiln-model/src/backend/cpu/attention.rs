@@ -488,11 +488,9 @@ mod tests {
         a
     }
 
-    /// The split (flash-decoding) path agrees with the one-task-per-head path, on dense,
-    /// affine and TurboQuant cells.
-    #[test]
-    fn split_decode_matches_the_unsplit_path() {
-        let (kvh, hd, n) = (3, 64, 700);
+    /// One layer of SmolLM2's attention shape: 9 query heads over `kvh` KV heads of `hd`,
+    /// one slot of 1,024 positions.
+    fn smollm2_shaped(kvh: usize, hd: usize) -> (AttentionParams, KvLayout) {
         let p = AttentionParams {
             n_heads: 9,
             n_kv_heads: kvh,
@@ -507,6 +505,15 @@ mod tests {
             n_slots: 1,
             capacity: 1024,
         };
+        (p, layout)
+    }
+
+    /// The split (flash-decoding) path agrees with the one-task-per-head path, on dense,
+    /// affine and TurboQuant cells.
+    #[test]
+    fn split_decode_matches_the_unsplit_path() {
+        let (kvh, hd, n) = (3, 64, 700);
+        let (p, layout) = smollm2_shaped(kvh, hd);
         let formats = [
             None,
             Some(KvQuantFormat::Affine {
@@ -579,20 +586,7 @@ mod tests {
     #[test]
     fn sixteen_bit_cells_attend_like_f32_cells_with_the_same_values() {
         let (kvh, hd, n) = (3, 64, 700);
-        let p = AttentionParams {
-            n_heads: 9,
-            n_kv_heads: kvh,
-            head_dim: hd,
-            scale: 0.125,
-            window: None,
-        };
-        let layout = KvLayout {
-            n_layers: 1,
-            n_kv_heads: kvh,
-            head_dim: hd,
-            n_slots: 1,
-            capacity: 1024,
-        };
+        let (p, layout) = smollm2_shaped(kvh, hd);
         let plan = |dense| KvPlan {
             dense,
             quantized: vec![None],
