@@ -40,7 +40,8 @@ Options (each also settable through the environment variable in brackets):
   -d, --depth N         cache positions filled before each test, llama-bench's
                         -d [DEPTH] (default 0)
       --kv-dtype T      KV-cache storage for both engines: f32, f16 or bf16
-                        (kiln --kv-dtype, llama-bench -ctk/-ctv) [KV_DTYPE]
+                        (kiln --kv-quant off --kv-dtype, llama-bench -ctk/-ctv)
+                        [KV_DTYPE]
                         (default: each engine's own, kiln f32, llama.cpp f16)
       --kiln PATH       kiln binary [KILN_BIN] (default target/release/kiln)
       --llama-bench PATH
@@ -103,11 +104,17 @@ for v in PP TG DEPTH; do
     is_uint "${!v}" || die "$v must be a non-negative integer (got '${!v}')"
 done
 [[ "$PP" -gt 0 || "$TG" -gt 0 ]] || die "PP and TG are both 0: nothing to measure"
+# Leading zeros would make the test names differ between the engines ("d0100" vs "d100").
+PP=$((10#$PP)); TG=$((10#$TG)); DEPTH=$((10#$DEPTH))
+# Flags only where asked, so an older llama-bench without -d / -ctk still runs the defaults.
+DEPTH_ARGS=()
+if [[ "$DEPTH" -gt 0 ]]; then DEPTH_ARGS=(-d "$DEPTH"); fi
 KILN_KV=()
 LLAMA_KV=()
 case "$KV_DTYPE" in
     "") ;;
-    f32|f16|bf16) KILN_KV=(--kv-dtype "$KV_DTYPE"); LLAMA_KV=(-ctk "$KV_DTYPE" -ctv "$KV_DTYPE") ;;
+    # --kv-quant off: a dense cache even for a model that ships a kv_config.json.
+    f32|f16|bf16) KILN_KV=(--kv-quant off --kv-dtype "$KV_DTYPE"); LLAMA_KV=(-ctk "$KV_DTYPE" -ctv "$KV_DTYPE") ;;
     *) die "KV_DTYPE must be f32, f16 or bf16 (got '$KV_DTYPE')" ;;
 esac
 
@@ -168,11 +175,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
         echo "compare.sh: round $round/$ROUNDS, $t thread(s): kiln" >&2
         run_logged "$WORK/kiln_$tag.json" "$WORK/kiln_$tag.log" \
             "$KILN_BIN" bench "$MODEL" -p "$PP" -n "$TG" -r "$REPS" --threads "$t" \
-            -d "$DEPTH" ${KILN_KV[@]+"${KILN_KV[@]}"} --json
+            ${DEPTH_ARGS[@]+"${DEPTH_ARGS[@]}"} ${KILN_KV[@]+"${KILN_KV[@]}"} --json
         echo "compare.sh: round $round/$ROUNDS, $t thread(s): llama.cpp" >&2
         run_logged "$WORK/llama_$tag.json" "$WORK/llama_$tag.log" \
             "$LLAMA_BENCH" -m "$MODEL" -p "$PP" -n "$TG" -r "$REPS" -t "$t" \
-            -d "$DEPTH" ${LLAMA_KV[@]+"${LLAMA_KV[@]}"} -o json
+            ${DEPTH_ARGS[@]+"${DEPTH_ARGS[@]}"} ${LLAMA_KV[@]+"${LLAMA_KV[@]}"} -o json
     done
 done
 LOAD_END="$(loadavg)"
@@ -202,9 +209,11 @@ def add(engine, threads, test, values):
     samples.setdefault((engine, int(threads), test), []).extend(float(v) for v in values)
 
 llama_build = set()
+kv_seen = {"kiln": set(), "llama.cpp": set()}
 for path in sorted(glob.glob(os.path.join(work, "kiln_*.json"))):
     for row in load(path):
         add("kiln", row["threads"], row["test"], row["samples"])
+        kv_seen["kiln"].add(row.get("kv_scheme", "?"))
 for path in sorted(glob.glob(os.path.join(work, "llama_*.json"))):
     for row in load(path):
         n_prompt, n_gen = int(row.get("n_prompt", 0)), int(row.get("n_gen", 0))
@@ -218,6 +227,7 @@ for path in sorted(glob.glob(os.path.join(work, "llama_*.json"))):
         if depth:
             test += f" @ d{depth}"
         add("llama.cpp", row["n_threads"], test, row["samples_ts"])
+        kv_seen["llama.cpp"].add(f'{row.get("type_k", "?")}/{row.get("type_v", "?")}')
         llama_build.add(f'{row.get("build_commit", "?")} ({row.get("build_number", "?")})')
 
 tests = []
@@ -248,8 +258,9 @@ if env.get("LLAMA_SOURCE"):
 out.append(f'CPU: {env["CPU_MODEL"]}  ')
 out.append(f'Binaries: `{env["KILN_BIN"]}`, `{env["LLAMA_BENCH"]}`  ')
 out.append(f'Runs: {env["ROUNDS"]} alternating round(s) x {env["REPS"]} repetition(s) per engine run; '
-           f'threads {", ".join(map(str, threads))}; KV cache '
-           f'{env["KV_DTYPE"] or "each engine default (kiln f32, llama.cpp f16)"}  ')
+           f'threads {", ".join(map(str, threads))}; KV cache (as the engines report it): '
+           f'kiln {", ".join(sorted(kv_seen["kiln"]))}, llama.cpp K/V '
+           f'{", ".join(sorted(kv_seen["llama.cpp"]))}  ')
 out.append(f'Load average (1/5/15 min): {env["LOAD_START"]} before the runs (well above 0: other work '
            f'is using the cores), {env["LOAD_END"]} after (counts the benchmark\'s own threads)')
 out.append("")

@@ -15,6 +15,7 @@
 //! buffer and run plain chunked loops the compiler vectorises.
 
 pub mod affine;
+mod affine_tile;
 pub mod lloyd_max;
 pub mod turbo;
 

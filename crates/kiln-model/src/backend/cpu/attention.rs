@@ -382,6 +382,7 @@ fn attend<'a>(
         if scores.len() < group * n {
             scores.resize(group * n, 0.0);
         }
+        let scores = &mut scores[..group * n];
         let level = kiln_kernels::cpu_level();
         for_each_tile(cell, codec, true, g, first..first + n, hd, tile, |t0, t| {
             attn_tile::tile_scores(level, query, t, p.scale, scores, n, t0);
@@ -537,7 +538,7 @@ mod tests {
             attention(&mut kv, 0, &q, &k, &v, &BatchLayout::single(0, 0, n), &p);
             kv.set_seq_len(0, n);
             kv.convert_due(0).unwrap();
-            // Five queries take the per-head path, one takes the split path.
+            // Five query rows take the block (prefill) path, one takes the split path.
             let tail = |rows: usize| {
                 let mut a = HostAct::zeros(rows, q.cols);
                 for r in 0..rows {
@@ -581,8 +582,8 @@ mod tests {
     }
 
     /// An f16 / bf16 cell attends exactly like an f32 cell holding the same (rounded) values:
-    /// prefill blocks, one decode row per head and the split decode path, over several tiles
-    /// and every KV head.
+    /// prefill blocks, one decode task per KV head and the split decode path, over several
+    /// tiles and every KV head.
     #[test]
     fn sixteen_bit_cells_attend_like_f32_cells_with_the_same_values() {
         let (kvh, hd, n) = (3, 64, 700);
@@ -605,32 +606,21 @@ mod tests {
             (DenseKv::Bf16, |v| half::bf16::from_f32(v).to_f32()),
         ];
         for (dtype, through) in cases {
-            // Prefill all but the last six rows, then five rows (per-head tasks), then one
-            // (split tasks), on both caches.
+            // Prefill (block tasks), two-row decodes within 256 positions (one task per KV
+            // head), another prefill, five rows (block) and one row past 256 (split tasks),
+            // on both caches.
+            let steps = [(0, 194), (194, 2), (196, 2), (198, 496), (694, 5), (699, 1)];
+            assert_eq!(steps.iter().map(|s| s.1).sum::<usize>(), n);
             let run = |dense: DenseKv, k: &HostAct, v: &HostAct| {
                 let mut kv = CpuKv::planned(layout, &plan(dense)).unwrap();
-                let first = n - 6;
-                let head = |x: &HostAct| {
-                    let mut a = HostAct::zeros(first, x.cols);
-                    a.data.copy_from_slice(&x.data[..first * x.cols]);
-                    a
-                };
-                let mut outs = vec![attention(
-                    &mut kv,
-                    0,
-                    &head(&q),
-                    &head(k),
-                    &head(v),
-                    &BatchLayout::single(0, 0, first),
-                    &p,
-                )];
                 let rows_at = |x: &HostAct, from: usize, rows: usize| {
                     let mut a = HostAct::zeros(rows, x.cols);
                     a.data
                         .copy_from_slice(&x.data[from * x.cols..(from + rows) * x.cols]);
                     a
                 };
-                for (from, rows) in [(first, 5), (n - 1, 1)] {
+                let mut outs = Vec::new();
+                for (from, rows) in steps {
                     outs.push(attention(
                         &mut kv,
                         0,

@@ -251,16 +251,24 @@ impl LayerCell {
             read_dense(buf, dtype, first_row * hd, rows);
             return (rows, hd);
         }
-        for (i, out) in rows.chunks_exact_mut(hd).enumerate() {
-            let at = (first_row + i) * row_bytes;
-            match codec {
-                Some(LayerCodec::Affine(c)) => c.dequantize(&buf.bytes()[at..][..row_bytes], out),
-                Some(LayerCodec::Turbo { k, v }) => {
-                    let c = if keys { k } else { v };
-                    c.dequantize_rotated(&buf.bytes()[at..][..row_bytes], out)
-                }
-                None => {}
+        // A head's positions are consecutive rows of `row_bytes` each.
+        let tile_bytes = &buf.bytes()[first_row * row_bytes..][..n * row_bytes];
+        match codec {
+            Some(LayerCodec::Affine(c)) => {
+                c.dequantize_rows_at(kiln_kernels::cpu_level(), tile_bytes, rows)
             }
+            Some(LayerCodec::Turbo { k, v }) => {
+                let c = if keys { k } else { v };
+                for (row, out) in tile_bytes
+                    .chunks_exact(row_bytes)
+                    .zip(rows.chunks_exact_mut(hd))
+                {
+                    c.dequantize_rotated(row, out);
+                }
+            }
+            // Quantized cells always come with their codec (`convert_due`); zeros, not stale
+            // values, if one ever did not.
+            None => rows.fill(0.0),
         }
         (rows, hd)
     }
@@ -296,6 +304,8 @@ impl LayerCell {
     }
 }
 
+// bf16 rows are written one value at a time through `half`: one row per token and layer,
+// against whole tiles read per token, so only the read side has a vector path.
 fn write_dense(buf: &mut KvBuf, dtype: DenseKv, at: usize, x: &[f32]) {
     let level = kiln_kernels::cpu_level();
     match dtype {
