@@ -4,6 +4,7 @@
 //! reads 4–7× fewer bytes.
 
 use super::affine::AffineCodec;
+use super::f16_bits_to_f32;
 use crate::level::CpuLevel;
 
 impl AffineCodec {
@@ -93,8 +94,8 @@ fn rows_of<const G: usize, const B: usize>(
             .zip(params.as_chunks::<4>().0)
             .zip(o.as_chunks_mut::<G>().0);
         for ((cs, p), og) in groups {
-            let scale = f16_to_f32(u16::from_le_bytes([p[0], p[1]]));
-            let bias = f16_to_f32(u16::from_le_bytes([p[2], p[3]]));
+            let scale = f16_bits_to_f32(u16::from_le_bytes([p[0], p[1]]));
+            let bias = f16_bits_to_f32(u16::from_le_bytes([p[2], p[3]]));
             decode(cs, scale, bias, og);
         }
     }
@@ -122,25 +123,6 @@ fn group4<const G: usize, const B: usize>(
     for (o, &c) in out.iter_mut().zip(&codes) {
         *o = scale * f32::from(c) + bias;
     }
-}
-
-/// f16 bits to f32, exactly (the scales and biases are finite: `f16_saturating`), inline at
-/// every level; `half`'s conversion is a call behind a CPU-feature check, two per group.
-#[inline(always)]
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h & 0x8000) << 16;
-    let magnitude = u32::from(h & 0x7fff);
-    let exponent = magnitude >> 10;
-    let bits = if exponent == 0 {
-        // Zero or subnormal: mantissa · 2^-24, exact in f32.
-        (magnitude as f32 * f32::from_bits(0x3380_0000)).to_bits()
-    } else if exponent == 0x1f {
-        // Infinity or NaN: all-ones exponent, the mantissa moved up (NaNs kept quiet).
-        0x7f80_0000 | (magnitude & 0x3ff) << 13 | u32::from(magnitude & 0x3ff != 0) << 22
-    } else {
-        (magnitude << 13) + ((127 - 15) << 23)
-    };
-    f32::from_bits(sign | bits)
 }
 
 #[cfg(test)]
@@ -181,17 +163,6 @@ mod tests {
                     );
                 }
             }
-        }
-    }
-
-    #[test]
-    fn f16_conversion_matches_half_for_every_pattern() {
-        for h in 0..=u16::MAX {
-            let (got, want) = (f16_to_f32(h), half::f16::from_bits(h).to_f32());
-            assert!(
-                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                "{h:#06x}: {got} vs {want}"
-            );
         }
     }
 

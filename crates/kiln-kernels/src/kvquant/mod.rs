@@ -18,6 +18,7 @@ pub mod affine;
 mod affine_tile;
 pub mod lloyd_max;
 pub mod turbo;
+mod turbo_tile;
 
 pub use affine::AffineCodec;
 pub use turbo::{TURBO_DIMS, TurboCodec};
@@ -165,6 +166,25 @@ fn f16_saturating(v: f32) -> f16 {
     f16::from_f32(v.clamp(-f16::MAX.to_f32(), f16::MAX.to_f32()))
 }
 
+/// f16 bits to f32, exactly (NaNs stay NaN), inline at every level: the tile decoders read two
+/// f16 parameters a row, and `half`'s conversion is a call behind a CPU-feature check.
+#[inline(always)]
+pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let magnitude = u32::from(h & 0x7fff);
+    let exponent = magnitude >> 10;
+    let bits = if exponent == 0 {
+        // Zero or subnormal: mantissa · 2^-24, exact in f32.
+        (magnitude as f32 * f32::from_bits(0x3380_0000)).to_bits()
+    } else if exponent == 0x1f {
+        // Infinity or NaN: all-ones exponent, the mantissa moved up (NaNs kept quiet).
+        0x7f80_0000 | (magnitude & 0x3ff) << 13 | u32::from(magnitude & 0x3ff != 0) << 22
+    } else {
+        (magnitude << 13) + ((127 - 15) << 23)
+    };
+    f32::from_bits(sign | bits)
+}
+
 fn read_f16(b: &[u8]) -> f32 {
     f16::from_le_bytes([b[0], b[1]]).to_f32()
 }
@@ -210,6 +230,17 @@ impl TestRng {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f16_conversion_matches_half_for_every_pattern() {
+        for h in 0..=u16::MAX {
+            let (got, want) = (f16_bits_to_f32(h), half::f16::from_bits(h).to_f32());
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#06x}: {got} vs {want}"
+            );
+        }
+    }
 
     #[test]
     fn pack_unpack_round_trip_every_width() {

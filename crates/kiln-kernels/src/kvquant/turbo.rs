@@ -149,6 +149,11 @@ impl TurboCodec {
         self.dim * usize::from(self.bits) / 8
     }
 
+    /// The centroid table and `1/√dim`, for the tile decoder (`turbo_tile.rs`).
+    pub(super) fn decode_parts(&self) -> (&[f32; 256], f32) {
+        (&self.lut, self.inv_sqrt_dim)
+    }
+
     /// `x ← R·x`, `R = H·D/√dim` (orthogonal).
     pub fn rotate(&self, x: &mut [f32]) {
         debug_assert_eq!(x.len(), self.dim);

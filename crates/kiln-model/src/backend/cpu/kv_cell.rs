@@ -259,12 +259,7 @@ impl LayerCell {
             }
             Some(LayerCodec::Turbo { k, v }) => {
                 let c = if keys { k } else { v };
-                for (row, out) in tile_bytes
-                    .chunks_exact(row_bytes)
-                    .zip(rows.chunks_exact_mut(hd))
-                {
-                    c.dequantize_rotated(row, out);
-                }
+                c.dequantize_rows_rotated_at(kiln_kernels::cpu_level(), tile_bytes, rows)
             }
             // Quantized cells always come with their codec (`convert_due`); zeros, not stale
             // values, if one ever did not.
