@@ -23,22 +23,27 @@ pub const RUNTIME_OVERHEAD_BYTES: u64 = 30_000_000;
 
 /// Weight bytes a decoded token streams per second on the machine kiln was measured on (2
 /// shared cores, AVX-512, weights on huge pages: SmolLM2-135M Q4_1, 96.6 MB of tensors,
-/// decodes at ~305 tok/s at depth 0 with 2 threads ⇒ ~30 GB/s, the machine's read bandwidth).
+/// decodes at ~305 tok/s at depth 0 with 2 threads ⇒ ~30 GB/s, the machine's read bandwidth;
+/// 320–386 tok/s at 81d108e, as the machine's memory moved between ~34 and ~57 GB/s).
 /// Only an estimate for `kiln fit`'s predicted tok/s: real speed depends on the cores, their
 /// count, their instruction set and the memory system.
 pub const DECODE_BYTES_PER_SEC: f64 = 30e9;
 
-/// Cache bytes attention reads per second in decode on the same machine: the same model
-/// decodes at 76–98 tok/s at depth 2,048 (three runs; 94.4 MB of dense f32 cache) and at 35.8
-/// tok/s at depth 8,000 (368.6 MB), of which the weights take 3.2 ms a token ⇒ 9.4–13.5 and
-/// 14.9 GB/s. Attention, not the memory system, sets this rate.
-pub const DECODE_KV_BYTES_PER_SEC: f64 = 13.5e9;
+/// Cache bytes attention reads per second in decode on the same machine: after the 16-bit and
+/// quantized tile decoders (commits 7b2453d–81d108e), the same model decodes at 134–143 tok/s
+/// at depth 2,048 with a dense f32 cache (94.4 MB a token at that depth), of which the weights
+/// take 3.1 ms ⇒ ~4.0 ms for the cache ⇒ ~23 GB/s.
+pub const DECODE_KV_BYTES_PER_SEC: f64 = 23e9;
 
 /// Attention's cost per cached key or value element in decode, whatever its storage: the floor
-/// a quantized cache meets however few bytes it holds (decoding codes is compute). Measured on
-/// the same machine at depth 2,048: kv8 97–100 tok/s, kv4 95–100 tok/s ⇒ 6.8–7.3 ms for 2,048 ×
-/// 30 layers × 384 elements ⇒ ~0.30 ns each.
-pub const DECODE_KV_SECONDS_PER_ELEMENT: f64 = 0.30e-9;
+/// a compact cache meets however few bytes it holds (scoring and decoding are compute).
+/// Measured on the same machine at depth 2,048 (2,048 × 30 layers × 384 elements): kv4
+/// 169–173 tok/s ⇒ ~2.7 ms ⇒ ~0.12 ns each; f16 136–141 and kv8 150–159 sit a little above it.
+pub const DECODE_KV_SECONDS_PER_ELEMENT: f64 = 0.12e-9;
+
+/// The same floor for a TurboQuant cache, whose rows cost a centroid lookup per element and
+/// a rotation per head: k8v3 at depth 2,048 decodes at 98–101 tok/s ⇒ ~0.29 ns an element.
+pub const DECODE_TURBO_SECONDS_PER_ELEMENT: f64 = 0.29e-9;
 
 /// The prefill chunk kiln's engine uses (`EngineOptions::prefill_chunk`).
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
@@ -323,7 +328,8 @@ pub struct FitReport {
     pub memory_context_limit: usize,
     /// Estimated decode speed at `ctx`: a token reads the weights at [`DECODE_BYTES_PER_SEC`]
     /// and the cache at [`DECODE_KV_BYTES_PER_SEC`], but no faster than
-    /// [`DECODE_KV_SECONDS_PER_ELEMENT`] per cached element.
+    /// [`DECODE_KV_SECONDS_PER_ELEMENT`] ([`DECODE_TURBO_SECONDS_PER_ELEMENT`] for TurboQuant)
+    /// per cached element.
     pub predicted_decode_tok_s: f64,
 }
 
@@ -366,8 +372,11 @@ pub fn fit(cfg: &ModelConfig, scheme: &KvScheme, p: FitParams) -> FitReport {
         })
         .map(|positions| (2 * positions * cfg.kv_width()) as f64)
         .sum();
-    let kv_seconds =
-        (kv_read as f64 / DECODE_KV_BYTES_PER_SEC).max(kv_elements * DECODE_KV_SECONDS_PER_ELEMENT);
+    let per_element = match scheme.kind {
+        KvSchemeKind::Turbo => DECODE_TURBO_SECONDS_PER_ELEMENT,
+        _ => DECODE_KV_SECONDS_PER_ELEMENT,
+    };
+    let kv_seconds = (kv_read as f64 / DECODE_KV_BYTES_PER_SEC).max(kv_elements * per_element);
     let seconds_per_token = p.weight_bytes as f64 / DECODE_BYTES_PER_SEC + kv_seconds;
     FitReport {
         kv_scheme: scheme.cache_key(),
