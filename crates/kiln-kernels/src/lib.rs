@@ -10,8 +10,8 @@
 //! with 16-bit activations, [`attn_block`] holds prefill attention's register-blocked loops,
 //! and [`arena`] keeps weights on huge pages, which decode's bandwidth-bound stream needs.
 //!
-//! [`kvquant`] holds the row codecs of the quantized KV cache (affine and TurboQuant; affine
-//! tiles decode at the CPU's level), and [`half_conv`] the f16 / bf16 conversions of a dense
+//! [`kvquant`] holds the row codecs of the quantized KV cache (affine and TurboQuant; both
+//! decode whole tiles at the CPU's level), and [`half_conv`] the f16 / bf16 conversions of a dense
 //! 16-bit cache.
 
 pub mod act;

@@ -38,7 +38,8 @@ pub const DECODE_KV_BYTES_PER_SEC: f64 = 23e9;
 /// Attention's cost per cached key or value element in decode, whatever its storage: the floor
 /// a compact cache meets however few bytes it holds (scoring and decoding are compute).
 /// Measured on the same machine at depth 2,048 (2,048 × 30 layers × 384 elements): kv4
-/// 169–173 tok/s ⇒ ~2.7 ms ⇒ ~0.12 ns each; f16 136–141 and kv8 150–159 sit a little above it.
+/// 169–173 tok/s ⇒ ~2.7 ms ⇒ ~0.12 ns each. kv8 (150–159) lands within 10% of the estimate;
+/// a dense f16 cache (136–141, ~0.17 ns an element) runs ~20% under it.
 pub const DECODE_KV_SECONDS_PER_ELEMENT: f64 = 0.12e-9;
 
 /// The same floor for a TurboQuant cache, whose rows cost a centroid lookup per element and

@@ -177,7 +177,8 @@ pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
         // Zero or subnormal: mantissa · 2^-24, exact in f32.
         (magnitude as f32 * f32::from_bits(0x3380_0000)).to_bits()
     } else if exponent == 0x1f {
-        // Infinity or NaN: all-ones exponent, the mantissa moved up (NaNs kept quiet).
+        // Infinity or NaN: all-ones exponent, the mantissa moved up; a NaN is made quiet and
+        // keeps its payload, as F16C does.
         0x7f80_0000 | (magnitude & 0x3ff) << 13 | u32::from(magnitude & 0x3ff != 0) << 22
     } else {
         (magnitude << 13) + ((127 - 15) << 23)

@@ -18,7 +18,7 @@ use crate::error::Result;
 /// Row dimensions the codec accepts (powers of two, for the fast Walsh–Hadamard transform).
 pub const TURBO_DIMS: [usize; 4] = [64, 128, 256, 512];
 
-const MAX_DIM: usize = 512;
+pub(super) const MAX_DIM: usize = 512;
 
 /// TurboQuant codec for rows of `dim` f32 values with a seeded random rotation.
 #[derive(Clone)]

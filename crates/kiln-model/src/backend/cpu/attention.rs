@@ -509,10 +509,10 @@ mod tests {
         (p, layout)
     }
 
-    /// The split (flash-decoding) path agrees with the one-task-per-head path, on dense,
-    /// affine and TurboQuant cells.
+    /// The split (flash-decoding) path agrees with the block (prefill) path, on dense, affine
+    /// and TurboQuant cells.
     #[test]
-    fn split_decode_matches_the_unsplit_path() {
+    fn split_decode_matches_the_block_path() {
         let (kvh, hd, n) = (3, 64, 700);
         let (p, layout) = smollm2_shaped(kvh, hd);
         let formats = [
