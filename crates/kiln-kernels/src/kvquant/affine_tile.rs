@@ -132,7 +132,7 @@ fn group4<const G: usize, const B: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvquant::TestRng;
+    use crate::kvquant::check_tiles_against_rows;
 
     /// Every level decodes a tile exactly as `dequantize` decodes each of its rows, for every
     /// width, group size and several row widths: quantized rows with hostile scales (f16
@@ -140,39 +140,17 @@ mod tests {
     /// without AVX-512 the AVX-512 form is not reached (`supported_levels`).
     #[test]
     fn tiles_equal_row_by_row_decoding_at_every_level() {
-        let mut rng = TestRng::new(9);
-        let mut noise = crate::testutil::xorshift(0x2545_f491);
         for bits in [2, 3, 4, 5, 6, 8] {
             for group in [32, 64, 128] {
                 for dim in [group, 3 * group, 256] {
-                    let codec = AffineCodec::new(dim, bits, group).unwrap();
-                    let n = 37;
-                    let mut rows = vec![0u8; n * codec.row_bytes()];
-                    for (r, row) in rows.chunks_exact_mut(codec.row_bytes()).enumerate() {
-                        if r % 5 == 4 {
-                            row.iter_mut().for_each(|b| *b = noise() as u8);
-                            continue;
-                        }
-                        let spread = [1.0, 1e-6, 6e4, 0.0][r % 4];
-                        let x: Vec<f32> = (0..dim).map(|_| rng.gaussian() * spread).collect();
-                        codec.quantize(&x, row);
-                    }
-                    let mut want = vec![0f32; n * dim];
-                    for (row, o) in rows
-                        .chunks_exact(codec.row_bytes())
-                        .zip(want.chunks_exact_mut(dim))
-                    {
-                        codec.dequantize(row, o);
-                    }
-                    for level in crate::supported_levels() {
-                        let mut got = vec![f32::NAN; n * dim];
-                        codec.dequantize_rows_at(level, &rows, &mut got);
-                        let same = got
-                            .iter()
-                            .zip(&want)
-                            .all(|(g, w)| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()));
-                        assert!(same, "{bits} bits, group {group}, dim {dim}, {level:?}");
-                    }
+                    let c = AffineCodec::new(dim, bits, group).unwrap();
+                    check_tiles_against_rows(
+                        (dim, c.row_bytes(), 9),
+                        |x, row| c.quantize(x, row),
+                        |row, out| c.dequantize(row, out),
+                        |level, rows, out| c.dequantize_rows_at(level, rows, out),
+                        &format!("{bits} bits, group {group}, dim {dim}"),
+                    );
                 }
             }
         }

@@ -199,6 +199,45 @@ fn check_param(ok: bool, what: impl FnOnce() -> String) -> crate::Result<()> {
     }
 }
 
+/// The tile decoders' test: `n` rows of `row_bytes`, most quantized by `encode` from Gaussian
+/// values at hostile spreads (1, 1e-6, 6e4, 0), every fifth one random bytes (any codes, NaN or
+/// infinite side data), decoded as a tile by `tile` at every level the CPU has must equal `row`
+/// decoding each row, bit for bit or NaN for NaN.
+#[cfg(test)]
+pub(crate) fn check_tiles_against_rows(
+    (dim, row_bytes, seed): (usize, usize, u64),
+    encode: impl Fn(&[f32], &mut [u8]),
+    row: impl Fn(&[u8], &mut [f32]),
+    tile: impl Fn(crate::level::CpuLevel, &[u8], &mut [f32]),
+    what: &str,
+) {
+    let n = 13;
+    let mut rng = TestRng::new(seed);
+    let mut rows = vec![0u8; n * row_bytes];
+    for (r, bytes) in rows.chunks_exact_mut(row_bytes).enumerate() {
+        if r % 5 == 4 {
+            bytes.iter_mut().for_each(|b| *b = rng.next_u64() as u8);
+            continue;
+        }
+        let spread = [1.0, 1e-6, 6e4, 0.0][r % 4];
+        let x: Vec<f32> = (0..dim).map(|_| rng.gaussian() * spread).collect();
+        encode(&x, bytes);
+    }
+    let mut want = vec![0f32; n * dim];
+    for (bytes, o) in rows.chunks_exact(row_bytes).zip(want.chunks_exact_mut(dim)) {
+        row(bytes, o);
+    }
+    for level in crate::supported_levels() {
+        let mut got = vec![f32::NAN; n * dim];
+        tile(level, &rows, &mut got);
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(g, w)| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()));
+        assert!(same, "{what}, {level:?}");
+    }
+}
+
 /// Tiny deterministic generator for the tests (xorshift64 + Box–Muller).
 #[cfg(test)]
 pub(crate) struct TestRng(u64);

@@ -128,46 +128,23 @@ fn rows_of<const D: usize>(codec: &TurboCodec, rows: &[u8], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvquant::{TURBO_DIMS, TestRng};
+    use crate::kvquant::{TURBO_DIMS, check_tiles_against_rows};
 
     /// Every level decodes a tile exactly as `dequantize_rotated` decodes each of its rows, for
     /// every width and row size, zero and huge norms and rows of random bytes included. On a
     /// CPU without AVX-512 the AVX-512 form is not reached (`supported_levels`).
     #[test]
     fn tiles_equal_row_by_row_decoding_at_every_level() {
-        let mut rng = TestRng::new(11);
-        let mut noise = crate::testutil::xorshift(0x9e37_79b9);
         for bits in [2, 3, 4, 5, 8] {
             for dim in TURBO_DIMS {
-                let codec = TurboCodec::new(dim, bits, 42).unwrap();
-                let n = 13;
-                let mut rows = vec![0u8; n * codec.row_bytes()];
-                for (r, row) in rows.chunks_exact_mut(codec.row_bytes()).enumerate() {
-                    if r % 5 == 4 {
-                        // Random bytes: any codes, NaN or infinite norms.
-                        row.iter_mut().for_each(|b| *b = noise() as u8);
-                        continue;
-                    }
-                    let spread = [1.0, 1e-6, 6e4, 0.0][r % 4];
-                    let x: Vec<f32> = (0..dim).map(|_| rng.gaussian() * spread).collect();
-                    codec.quantize(&x, row);
-                }
-                let mut want = vec![0f32; n * dim];
-                for (row, o) in rows
-                    .chunks_exact(codec.row_bytes())
-                    .zip(want.chunks_exact_mut(dim))
-                {
-                    codec.dequantize_rotated(row, o);
-                }
-                for level in crate::supported_levels() {
-                    let mut got = vec![f32::NAN; n * dim];
-                    codec.dequantize_rows_rotated_at(level, &rows, &mut got);
-                    let same = got
-                        .iter()
-                        .zip(&want)
-                        .all(|(g, w)| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()));
-                    assert!(same, "{bits} bits, dim {dim}, {level:?}");
-                }
+                let c = TurboCodec::new(dim, bits, 42).unwrap();
+                check_tiles_against_rows(
+                    (dim, c.row_bytes(), 11),
+                    |x, row| c.quantize(x, row),
+                    |row, out| c.dequantize_rotated(row, out),
+                    |level, rows, out| c.dequantize_rows_rotated_at(level, rows, out),
+                    &format!("{bits} bits, dim {dim}"),
+                );
             }
         }
     }
