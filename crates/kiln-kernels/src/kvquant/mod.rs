@@ -186,6 +186,50 @@ pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
     f32::from_bits(sign | bits)
 }
 
+/// One tile decoder compiled at each instruction-set level: `(codec, encoded rows, output)`.
+struct TileForms<C> {
+    #[cfg(target_arch = "x86_64")]
+    avx512: unsafe fn(&C, &[u8], &mut [f32]),
+    #[cfg(target_arch = "x86_64")]
+    avx2: unsafe fn(&C, &[u8], &mut [f32]),
+    portable: fn(&C, &[u8], &mut [f32]),
+}
+
+/// Checks a tile's sizes (`out` whole rows of `dim`, `rows` at least as many encoded rows of
+/// `row_bytes`) and runs `forms`' decoder for `level`.
+///
+/// # Safety
+/// `forms.avx512` needs only AVX-512F/BW and `forms.avx2` only AVX2 (with F16C).
+unsafe fn decode_tile<C>(
+    codec: &C,
+    (dim, row_bytes): (usize, usize),
+    level: crate::level::CpuLevel,
+    rows: &[u8],
+    out: &mut [f32],
+    forms: TileForms<C>,
+) {
+    use crate::level::CpuLevel;
+    assert!(out.len().is_multiple_of(dim), "output is not whole rows");
+    let n = out.len() / dim;
+    assert!(
+        rows.len() >= n * row_bytes,
+        "fewer encoded rows than outputs"
+    );
+    let rows = &rows[..n * row_bytes];
+    #[cfg(target_arch = "x86_64")]
+    if level.clamp_to_hardware() >= CpuLevel::Avx512 {
+        // SAFETY: the AVX-512 level includes F and BW (the level is clamped to the hardware).
+        return unsafe { (forms.avx512)(codec, rows, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level.clamp_to_hardware() >= CpuLevel::Avx2 {
+        // SAFETY: the AVX2 level includes F16C (the level is clamped to the hardware).
+        return unsafe { (forms.avx2)(codec, rows, out) };
+    }
+    let _ = level;
+    (forms.portable)(codec, rows, out)
+}
+
 fn read_f16(b: &[u8]) -> f32 {
     f16::from_le_bytes([b[0], b[1]]).to_f32()
 }

@@ -3,7 +3,7 @@
 //! consecutive rows, the row width a constant, the norm's f16 converted inline.
 
 use super::turbo::{MAX_DIM, TurboCodec};
-use super::{codes_of, f16_bits_to_f32};
+use super::{TileForms, codes_of, decode_tile, f16_bits_to_f32};
 use crate::level::CpuLevel;
 
 impl TurboCodec {
@@ -14,26 +14,24 @@ impl TurboCodec {
     /// # Panics
     /// If `out` is not whole rows, or `rows` holds fewer rows than `out`.
     pub fn dequantize_rows_rotated_at(&self, level: CpuLevel, rows: &[u8], out: &mut [f32]) {
-        let (dim, row_bytes) = (self.dim(), self.row_bytes());
-        assert!(out.len().is_multiple_of(dim), "output is not whole rows");
-        let n = out.len() / dim;
-        assert!(
-            rows.len() >= n * row_bytes,
-            "fewer encoded rows than outputs"
-        );
-        let rows = &rows[..n * row_bytes];
-        #[cfg(target_arch = "x86_64")]
-        if level.clamp_to_hardware() >= CpuLevel::Avx512 {
-            // SAFETY: AVX-512F is present (the level is clamped to the hardware).
-            return unsafe { rows_avx512(self, rows, out) };
+        let forms = TileForms {
+            #[cfg(target_arch = "x86_64")]
+            avx512: rows_avx512,
+            #[cfg(target_arch = "x86_64")]
+            avx2: rows_avx2,
+            portable: rows_lanes,
+        };
+        // SAFETY: the forms need no more than their levels' features.
+        unsafe {
+            decode_tile(
+                self,
+                (self.dim(), self.row_bytes()),
+                level,
+                rows,
+                out,
+                forms,
+            )
         }
-        #[cfg(target_arch = "x86_64")]
-        if level.clamp_to_hardware() >= CpuLevel::Avx2 {
-            // SAFETY: AVX2 is present (the level is clamped to the hardware).
-            return unsafe { rows_avx2(self, rows, out) };
-        }
-        let _ = level;
-        rows_lanes(self, rows, out)
     }
 }
 
