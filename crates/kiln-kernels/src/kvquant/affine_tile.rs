@@ -4,7 +4,7 @@
 //! reads 4–7× fewer bytes.
 
 use super::affine::AffineCodec;
-use super::{TileForms, decode_tile, f16_bits_to_f32};
+use super::{TileForms, decode_tile, read_f16};
 use crate::level::CpuLevel;
 
 impl AffineCodec {
@@ -96,8 +96,7 @@ fn rows_of<const G: usize, const B: usize>(
             .zip(params.as_chunks::<4>().0)
             .zip(o.as_chunks_mut::<G>().0);
         for ((cs, p), og) in groups {
-            let scale = f16_bits_to_f32(u16::from_le_bytes([p[0], p[1]]));
-            let bias = f16_bits_to_f32(u16::from_le_bytes([p[2], p[3]]));
+            let (scale, bias) = (read_f16(&p[..2]), read_f16(&p[2..]));
             decode(cs, scale, bias, og);
         }
     }

@@ -166,10 +166,11 @@ fn f16_saturating(v: f32) -> f16 {
     f16::from_f32(v.clamp(-f16::MAX.to_f32(), f16::MAX.to_f32()))
 }
 
-/// f16 bits to f32, exactly (NaNs stay NaN), inline at every level: the tile decoders read two
-/// f16 parameters a row, and `half`'s conversion is a call behind a CPU-feature check.
+/// f16 bits to f32, exactly (NaNs stay NaN), inline at every level: every decoded row reads one
+/// or two f16 parameters per group, and `half`'s conversion is a call behind a CPU-feature
+/// check.
 #[inline(always)]
-pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
+fn f16_bits_to_f32(h: u16) -> f32 {
     let sign = u32::from(h & 0x8000) << 16;
     let magnitude = u32::from(h & 0x7fff);
     let exponent = magnitude >> 10;
@@ -230,8 +231,10 @@ unsafe fn decode_tile<C>(
     (forms.portable)(codec, rows, out)
 }
 
+/// The little-endian f16 at the start of `b`, as f32.
+#[inline(always)]
 fn read_f16(b: &[u8]) -> f32 {
-    f16::from_le_bytes([b[0], b[1]]).to_f32()
+    f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]))
 }
 
 /// Checks a caller-chosen parameter, naming the codec and the supported set in the error.

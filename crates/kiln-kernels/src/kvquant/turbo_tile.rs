@@ -3,7 +3,7 @@
 //! consecutive rows, the row width a constant, the norm's f16 converted inline.
 
 use super::turbo::{MAX_DIM, TurboCodec};
-use super::{TileForms, codes_of, decode_tile, f16_bits_to_f32};
+use super::{TileForms, codes_of, decode_tile, read_f16};
 use crate::level::CpuLevel;
 
 impl TurboCodec {
@@ -61,7 +61,7 @@ unsafe fn rows_avx512(codec: &TurboCodec, rows: &[u8], out: &mut [f32]) {
         .zip(out.chunks_exact_mut(dim))
     {
         let (packed, norm) = row.split_at(code_bytes);
-        let scale = f16_bits_to_f32(u16::from_le_bytes([norm[0], norm[1]])) * inv_sqrt_dim;
+        let scale = read_f16(norm) * inv_sqrt_dim;
         let scale = _mm512_set1_ps(scale);
         let codes = codes_of(packed, bits, dim, &mut buf);
         for (c, o) in codes.chunks_exact(16).zip(o.chunks_exact_mut(16)) {
@@ -115,7 +115,7 @@ fn rows_of<const D: usize>(codec: &TurboCodec, rows: &[u8], out: &mut [f32]) {
         .zip(out.as_chunks_mut::<D>().0)
     {
         let (packed, norm) = row.split_at(code_bytes);
-        let scale = f16_bits_to_f32(u16::from_le_bytes([norm[0], norm[1]])) * inv_sqrt_dim;
+        let scale = read_f16(norm) * inv_sqrt_dim;
         let codes = codes_of(packed, bits, D, &mut buf);
         for (o, &c) in o.iter_mut().zip(codes) {
             *o = lut[usize::from(c)] * scale;

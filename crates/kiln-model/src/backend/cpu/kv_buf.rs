@@ -1,7 +1,7 @@
 //! One KV buffer as its own anonymous mapping, on small pages. The kernel commits pages only as
 //! positions are written, and dropping the buffer (a layer converting, a sequence ending)
-//! returns them to the system at once — the heap allocator could keep a freed multi-megabyte block, which would make
-//! the resident size drift from what `kiln fit` bills.
+//! returns them to the system at once — the heap allocator could keep a freed multi-megabyte
+//! block, which would make the resident size drift from what `kiln fit` bills.
 
 use crate::ModelError;
 

@@ -236,34 +236,29 @@ impl LayerCell {
         let hd = self.head_dim;
         debug_assert!(first + n <= self.capacity, "rows past the capacity");
         let first_row = self.row(head, first);
-        let dtype = match self.state {
-            KvLayerState::Dense(DenseKv::F32) => return (&buf.f32s()[first_row * hd..], hd),
-            KvLayerState::Dense(dtype) => Some(dtype),
-            KvLayerState::Quantized(_) => None,
-        };
+        if self.state == KvLayerState::Dense(DenseKv::F32) {
+            return (&buf.f32s()[first_row * hd..], hd);
+        }
         // Every value of the tile is written below: grow the buffer, never clear it.
         if tile.len() < n * hd {
             tile.resize(n * hd, 0.0);
         }
         let rows = &mut tile[..n * hd];
-        if let Some(dtype) = dtype {
-            // A head's positions are consecutive rows: one conversion for the whole tile.
-            read_dense(buf, dtype, first_row * hd, rows);
-            return (rows, hd);
-        }
-        // A head's positions are consecutive rows of `row_bytes` each.
-        let tile_bytes = &buf.bytes()[first_row * row_bytes..][..n * row_bytes];
-        match codec {
-            Some(LayerCodec::Affine(c)) => {
-                c.dequantize_rows_at(kiln_kernels::cpu_level(), tile_bytes, rows)
+        // A head's positions are consecutive rows, so the tile is one run of the buffer.
+        let encoded = || &buf.bytes()[first_row * row_bytes..][..n * row_bytes];
+        let level = kiln_kernels::cpu_level();
+        match (self.state, codec) {
+            (KvLayerState::Dense(dtype), _) => read_dense(buf, dtype, first_row * hd, rows),
+            (KvLayerState::Quantized(_), Some(LayerCodec::Affine(c))) => {
+                c.dequantize_rows_at(level, encoded(), rows)
             }
-            Some(LayerCodec::Turbo { k, v }) => {
+            (KvLayerState::Quantized(_), Some(LayerCodec::Turbo { k, v })) => {
                 let c = if keys { k } else { v };
-                c.dequantize_rows_rotated_at(kiln_kernels::cpu_level(), tile_bytes, rows)
+                c.dequantize_rows_rotated_at(level, encoded(), rows)
             }
             // Quantized cells always come with their codec (`convert_due`); zeros, not stale
             // values, if one ever did not.
-            None => rows.fill(0.0),
+            (KvLayerState::Quantized(_), None) => rows.fill(0.0),
         }
         (rows, hd)
     }
