@@ -5,9 +5,15 @@
 //! One job runs at a time: a `run` that finds the pool busy (another thread's forward, or a
 //! nested call from inside a task) executes its tasks inline, so concurrent callers are correct,
 //! just not parallel.
+//!
+//! A panic in a task, on the caller or on a worker, is caught where it happens; the job's
+//! remaining tasks are skipped, and once no thread is inside the closure any more the first
+//! panic is re-raised on the caller (as `std::thread::scope` does). The pool stays usable.
 
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -24,6 +30,10 @@ struct Job {
     task: *const (dyn Fn(usize) + Sync),
     claims: Claims,
     remaining: AtomicUsize,
+    /// Set by the first task that panics: later tasks are claimed and counted, not run.
+    failed: AtomicBool,
+    /// The first panic's payload, re-raised on the caller.
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
 /// How the threads of a job pick their next task.
@@ -35,9 +45,12 @@ enum Claims {
 }
 
 // SAFETY: `task` points to a `Sync` closure that outlives every call made through it:
-// `Pool::run` does not return before `remaining` reaches zero, and a task index is claimed
-// (through `Claims`) before the closure is called, so no call can start after the last one ends.
+// `Pool::run` neither returns nor unwinds before `remaining` reaches zero (its `Completion`
+// guard waits on drop, and every task's panic is caught before the count goes down), and a task
+// index is claimed (through `Claims`) before the closure is called, so no call can start after
+// the last one ends.
 unsafe impl Send for Job {}
+// SAFETY: as for `Send`; the other fields are atomics and a mutex.
 unsafe impl Sync for Job {}
 
 impl Job {
@@ -54,10 +67,53 @@ impl Job {
             let Some(i) = claimed else {
                 return;
             };
-            // SAFETY: see the `Send`/`Sync` impls above.
-            unsafe { (*self.task)(i) };
+            if !self.failed.load(Ordering::Relaxed) {
+                // SAFETY: see the `Send`/`Sync` impls above.
+                let task = unsafe { &*self.task };
+                if let Err(payload) = catch_unwind(AssertUnwindSafe(|| run_task(task, i))) {
+                    self.record_panic(payload);
+                }
+            }
+            // Last: once the count is zero the closure may be gone.
             self.remaining.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+
+    fn record_panic(&self, payload: Box<dyn Any + Send>) {
+        self.failed.store(true, Ordering::Relaxed);
+        let mut slot = lock(&self.panic);
+        if slot.is_none() {
+            *slot = Some(payload);
+        }
+    }
+
+    /// Spins until every claimed task has finished.
+    fn wait(&self) {
+        let mut spins = 0u32;
+        while self.remaining.load(Ordering::Acquire) > 0 {
+            spins = spins.wrapping_add(1);
+            // A worker still busy here may have been preempted by another process (the HTTP
+            // thread, a client on the same cores): giving up the core now and then lets it
+            // finish instead of spinning against it.
+            if spins.is_multiple_of(YIELD_EVERY) {
+                std::thread::yield_now();
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Waits for the job's last task when dropped, so the caller's frame (which owns the closure)
+/// cannot be left, by return or by unwinding, while a worker may still call it.
+struct Completion<'a> {
+    job: &'a Job,
+    current: &'a Mutex<Option<Arc<Job>>>,
+}
+
+impl Drop for Completion<'_> {
+    fn drop(&mut self) {
+        self.job.wait();
+        *lock(self.current) = None;
     }
 }
 
@@ -129,13 +185,15 @@ impl Pool {
         }
         let guard = match self.busy.try_lock() {
             Ok(g) if self.threads > 1 && n_tasks > 1 => g,
+            // A poisoned lock guards nothing here (the pool never unwinds while holding it).
+            Err(TryLockError::Poisoned(p)) if self.threads > 1 && n_tasks > 1 => p.into_inner(),
             _ => {
-                (0..n_tasks).for_each(task);
+                (0..n_tasks).for_each(|i| run_task(task, i));
                 return;
             }
         };
-        // SAFETY (lifetime erasure): this function does not return until `remaining` is zero,
-        // so the closure outlives every call; see `Job`.
+        // SAFETY (lifetime erasure): `Completion` below waits, even while unwinding, until
+        // `remaining` is zero, so the closure outlives every call; see `Job`.
         let task: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(task) };
         // Ranges pack a task index into 32 bits; a job that large (none of kiln's is) takes the
         // shared counter instead.
@@ -150,7 +208,13 @@ impl Pool {
             task,
             claims,
             remaining: AtomicUsize::new(n_tasks),
+            failed: AtomicBool::new(false),
+            panic: Mutex::new(None),
         });
+        let completion = Completion {
+            job: &job,
+            current: &self.shared.current,
+        };
         *lock(&self.shared.current) = Some(job.clone());
         self.shared.generation.fetch_add(1, Ordering::Release);
         if self.shared.sleepers.load(Ordering::Acquire) > 0 {
@@ -158,19 +222,44 @@ impl Pool {
             self.shared.wake.notify_all();
         }
         job.work(0);
-        let mut spins = 0u32;
-        while job.remaining.load(Ordering::Acquire) > 0 {
-            spins = spins.wrapping_add(1);
-            // A worker still busy here may have been preempted by another process (the HTTP
-            // thread, a client on the same cores): giving up the core now and then lets it
-            // finish instead of spinning against it.
-            if spins.is_multiple_of(YIELD_EVERY) {
-                std::thread::yield_now();
-            }
-            std::hint::spin_loop();
-        }
-        *lock(&self.shared.current) = None;
+        drop(completion);
         drop(guard);
+        let payload = lock(&job.panic).take();
+        if let Some(payload) = payload {
+            resume_unwind(payload);
+        }
+    }
+}
+
+/// Runs one task (after the armed fault, in test builds).
+#[inline(always)]
+fn run_task(task: &(dyn Fn(usize) + Sync), i: usize) {
+    #[cfg(feature = "fault-injection")]
+    fault::strike();
+    task(i)
+}
+
+/// Test builds only (`--features fault-injection`): makes pool tasks panic on demand, so the
+/// tests of the layers above (the engine, the server) can force a panic inside a kernel.
+#[cfg(feature = "fault-injection")]
+pub mod fault {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static ARMED: AtomicUsize = AtomicUsize::new(0);
+
+    /// The next `n` pool tasks, on any thread and any pool, panic instead of running.
+    pub fn panic_next_tasks(n: usize) {
+        ARMED.store(n, Ordering::SeqCst);
+    }
+
+    pub(super) fn strike() {
+        if ARMED.load(Ordering::Relaxed) > 0
+            && ARMED
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            panic!("fault injected into a kernel task");
+        }
     }
 }
 
@@ -192,7 +281,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn worker_loop(shared: &Shared, me: usize) {
-    let mut seen = shared.generation.load(Ordering::Acquire);
+    // Generation 0 is the pool's state when the worker was spawned: a job published before this
+    // thread first runs is still joined.
+    let mut seen = 0;
     loop {
         let started = Instant::now();
         let mut spins = 0u32;
@@ -331,6 +422,7 @@ impl<T> Clone for SendPtr<T> {
 impl<T> Copy for SendPtr<T> {}
 // SAFETY: only used by `for_each_chunk_mut`, whose tasks touch disjoint elements.
 unsafe impl<T: Send> Send for SendPtr<T> {}
+// SAFETY: as for `Send`.
 unsafe impl<T: Send> Sync for SendPtr<T> {}
 impl<T> SendPtr<T> {
     fn get(self) -> *mut T {
@@ -406,6 +498,103 @@ mod tests {
             }
         });
         assert!(v.iter().enumerate().all(|(i, &x)| x == i + 1));
+    }
+
+    fn on_worker() -> bool {
+        std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("kiln-worker"))
+    }
+
+    fn panic_message(payload: &(dyn Any + Send)) -> String {
+        payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default()
+    }
+
+    /// Runs a job whose tasks on one side (the caller or the workers) panic once the other side
+    /// is also inside a task, and checks that the panic reaches the caller only after every
+    /// task has left the closure, then that the pool still runs a job completely.
+    fn panic_reaches_the_caller_after_every_task(panic_on_worker: bool) {
+        let pool = Pool::new(3);
+        for round in 0..20 {
+            let inside = AtomicUsize::new(0);
+            let other_side_entered = AtomicBool::new(false);
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                pool.run(64, &|_| {
+                    inside.fetch_add(1, Ordering::SeqCst);
+                    let panicking_side = on_worker() == panic_on_worker;
+                    if panicking_side {
+                        let t0 = Instant::now();
+                        while !other_side_entered.load(Ordering::SeqCst)
+                            && t0.elapsed() < Duration::from_secs(5)
+                        {
+                            std::thread::yield_now();
+                        }
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        panic!("task panicked on purpose");
+                    }
+                    other_side_entered.store(true, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(2));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                });
+            }));
+            let Err(payload) = result else {
+                panic!("round {round}: the panic did not reach the caller");
+            };
+            assert_eq!(panic_message(&*payload), "task panicked on purpose");
+            assert_eq!(inside.load(Ordering::SeqCst), 0, "round {round}");
+            let hits: Vec<AtomicUsize> = (0..100).map(|_| AtomicUsize::new(0)).collect();
+            pool.run_contiguous(100, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn a_panic_on_the_caller_waits_for_the_workers() {
+        panic_reaches_the_caller_after_every_task(false);
+    }
+
+    #[test]
+    fn a_panic_on_a_worker_reaches_the_caller() {
+        panic_reaches_the_caller_after_every_task(true);
+    }
+
+    #[test]
+    fn after_a_panic_the_remaining_tasks_are_skipped_and_the_pool_stays_parallel() {
+        let pool = Pool::new(2);
+        let ran = AtomicUsize::new(0);
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            pool.run(10_000, &|i| {
+                if i == 0 {
+                    panic!("first task");
+                }
+                ran.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_micros(50));
+            })
+        }));
+        assert!(result.is_err());
+        assert!(
+            ran.load(Ordering::Relaxed) < 9_999,
+            "tasks after the panic were skipped"
+        );
+        let workers_used = AtomicBool::new(false);
+        for _ in 0..50 {
+            pool.run(64, &|_| {
+                if on_worker() {
+                    workers_used.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            });
+        }
+        assert!(
+            workers_used.load(Ordering::Relaxed),
+            "jobs after a panic still use the workers"
+        );
     }
 
     #[test]

@@ -7,9 +7,11 @@
 pub mod anthropic;
 pub mod auth;
 pub mod body;
+pub mod body_guard;
 pub mod errors;
 pub mod gateway;
 pub mod generation;
+pub mod listen;
 pub mod openai;
 pub mod openapi;
 pub mod page;
@@ -25,6 +27,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 pub use gateway::{Admission, Gateway, Generator};
+pub use listen::ConnectionLimits;
 pub use state::{AppState, MemoryAdmission, ModelInfo, ServerConfig, SharedState, StatsHook};
 
 /// What other subsystems add to the server: routes (the jobs API and page), `/stats`
@@ -42,8 +45,8 @@ pub struct Extensions {
 /// Default largest request body: 4 MiB (a 10 MB body is a 413).
 pub const DEFAULT_BODY_LIMIT: usize = 4 << 20;
 
-/// Serves on `listener` until `shutdown` resolves, then lets in-flight requests finish and
-/// stops the engine thread.
+/// Serves on `listener` (with the connection limits of `config`) until `shutdown` resolves,
+/// then lets in-flight requests finish and stops the engine thread.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     info: ModelInfo,
@@ -72,13 +75,12 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let local_addr = listener.local_addr()?;
+    let limits = config.limits;
     let mut state = AppState::new(info, gateway.clone(), config, local_addr);
     state.extra_stats = extensions.stats;
     let state = Arc::new(state);
     let app = routes::router_with(state, extensions.router, extensions.gate_note);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    listen::serve_connections(listener, app, limits, shutdown).await;
     // Every connection has closed, so nothing waits on the engine any more.
     let g = gateway.clone();
     tokio::task::spawn_blocking(move || g.shutdown())

@@ -85,7 +85,8 @@ async fn gate_header(
 type GateNote = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// Builds the application with extra routes merged in (behind the same auth and Host checks)
-/// and, with `gate_note`, the job-gate response header.
+/// and, with `gate_note`, the job-gate response header. Bodies are read whole, within the
+/// limits, before anything else looks at a request (`body_guard`).
 pub fn router_with(
     state: SharedState,
     extra: Option<Router>,
@@ -120,7 +121,15 @@ pub fn router_with(
     if let Some(note) = gate_note {
         app = app.layer(middleware::from_fn_with_state(note, gate_header));
     }
+    let body_limits = crate::body_guard::BodyLimits {
+        max_bytes: limit,
+        timeout: state.config.limits.body_timeout,
+    };
     app.layer(middleware::from_fn_with_state(state, auth::guard))
+        .layer(middleware::from_fn_with_state(
+            body_limits,
+            crate::body_guard::read_body,
+        ))
 }
 
 async fn not_found(uri: Uri) -> ApiError {

@@ -96,6 +96,8 @@ pub struct ServerConfig {
     pub cors_origin: Option<String>,
     /// Largest request body accepted.
     pub body_limit: usize,
+    /// Connection timeouts and cap.
+    pub limits: crate::listen::ConnectionLimits,
 }
 
 /// Shared handler state.

@@ -65,6 +65,24 @@ async fn anthropic_errors_are_anthropic_shaped() {
 }
 
 #[tokio::test]
+async fn anthropic_messages_require_max_tokens_and_count_tokens_does_not() {
+    let app = scripted(&["x"]);
+    let req = json!({"model": "x", "messages": [{"role": "user", "content": "hi"}]});
+    for stream in [false, true] {
+        let mut r = req.clone();
+        r["stream"] = json!(stream);
+        let (s, text) = post(&app, "/v1/messages", &r.to_string()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["message"], "max_tokens: Field required");
+    }
+    let (s, text) = post(&app, "/v1/messages/count_tokens", &req.to_string()).await;
+    assert_eq!(s, StatusCode::OK, "{text}");
+}
+
+#[tokio::test]
 async fn not_found_and_method() {
     let app = scripted(&["x"]);
     let (s, text) = send(&app, "GET", "/nope", "", &[]).await;

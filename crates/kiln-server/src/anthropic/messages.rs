@@ -16,7 +16,8 @@ use crate::prompt::{ChatPrompt, chat_prompt, normalize_messages};
 use crate::state::SharedState;
 use crate::tools::parse_tool_calls;
 
-/// `max_tokens` when a request leaves it out (the API requires it; we are lenient).
+/// The ceiling `plan_max_tokens` applies before capping at the context (`max_tokens` itself is
+/// required, as in Anthropic's API).
 const DEFAULT_MAX_TOKENS: usize = 4096;
 
 fn prompt_of(state: &SharedState, req: &MessagesRequest) -> Result<(ChatPrompt, bool), ApiError> {
@@ -65,6 +66,10 @@ pub async fn handler(
 ) -> Result<Response, ApiError> {
     let f = Flavor::Anthropic;
     let req: MessagesRequest = parse_request(body, f)?;
+    if req.max_tokens.is_none() {
+        // Anthropic's API answers exactly this; its SDKs make the field mandatory too.
+        return Err(ApiError::bad_request("max_tokens: Field required").flavor(f));
+    }
     let st = state.clone();
     let (req, (prompt, tools_active)) = blocking(f, move || {
         let p = prompt_of(&st, &req).map_err(|e| e.flavor(f))?;

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, FromArgMatches};
@@ -58,6 +58,16 @@ pub struct ServeArgs {
     /// what this process may use (cgroup limit and MemAvailable, the smaller).
     #[arg(long)]
     pub memory_budget: Option<f64>,
+    /// Seconds a connection has to send a complete request head, on a new connection and
+    /// between requests on a kept-alive one; a slow or idle connection is closed after it.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_timeout: f64,
+    /// Seconds a client has to send a request's whole body once its head has arrived (408).
+    #[arg(long, default_value_t = 60.0)]
+    pub body_timeout: f64,
+    /// Connections served at once; a connection beyond them is answered 503 and closed.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 }
@@ -77,6 +87,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.queue == 0 {
         bail!("--queue must be at least 1");
     }
+    let limits = connection_limits(&args)?;
     // Bad sampling defaults would fail every request; refuse them up front.
     let defaults = kiln_engine::sampler::SamplingParams {
         temperature: args.temperature.unwrap_or(0.0),
@@ -130,6 +141,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         prompt_cache_bytes: args.prompt_cache_bytes,
         cors_origin: args.cors_origin.clone(),
         body_limit: kiln_server::DEFAULT_BODY_LIMIT,
+        limits,
     };
     let reuse_prefix = args.prompt_cache_bytes > 0;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -219,4 +231,23 @@ fn job_extensions(jobs: &JobHost) -> Extensions {
             })
         })),
     }
+}
+
+/// The connection flags, checked: a timeout must be a positive number of seconds that a
+/// `Duration` can hold, and at least one connection must be allowed.
+fn connection_limits(args: &ServeArgs) -> Result<kiln_server::ConnectionLimits> {
+    let secs = |flag: &str, v: f64| -> Result<Duration> {
+        if !(v > 0.0 && v <= 86_400.0) {
+            bail!("{flag} must be a number of seconds in (0, 86400], got {v}");
+        }
+        Ok(Duration::from_secs_f64(v))
+    };
+    if args.max_connections == 0 {
+        bail!("--max-connections must be at least 1");
+    }
+    Ok(kiln_server::ConnectionLimits {
+        header_timeout: secs("--header-timeout", args.header_timeout)?,
+        body_timeout: secs("--body-timeout", args.body_timeout)?,
+        max_connections: args.max_connections,
+    })
 }
