@@ -42,7 +42,7 @@ Options (each also settable through the environment variable in brackets):
       --kv-dtype T      KV-cache storage for both engines: f32, f16 or bf16
                         (kiln --kv-quant off --kv-dtype, llama-bench -ctk/-ctv)
                         [KV_DTYPE]
-                        (default: each engine's own, kiln f32, llama.cpp f16)
+                        (default: each engine's own, f16 for both)
       --kiln PATH       kiln binary [KILN_BIN] (default target/release/kiln)
       --llama-bench PATH
                         llama-bench binary [LLAMA_BENCH]

@@ -31,7 +31,7 @@ impl Default for EngineOptions {
         Self {
             context_len: 4096,
             prefill_chunk: 512,
-            kv_scheme: KvScheme::dense(DenseDtype::F32),
+            kv_scheme: KvScheme::dense(DenseDtype::default()),
         }
     }
 }

@@ -77,7 +77,9 @@ fn step_by_step(e: &mut Engine<CpuBackend>, tokens: &[u32]) -> Vec<Vec<f32>> {
 fn delayed_start_is_dense_before_the_boundary_and_converts_each_layer_once_at_it() {
     let mut e = engine();
     let tokens: Vec<u32> = kl_tokens(&e)[..24].to_vec();
-    e.set_kv_scheme(KvScheme::dense(DenseDtype::F32)).unwrap();
+    // The pre-conversion store is the default dense storage (f16).
+    e.set_kv_scheme(KvScheme::dense(DenseDtype::default()))
+        .unwrap();
     let dense = step_by_step(&mut e, &tokens);
 
     let start = 16;
@@ -119,7 +121,8 @@ fn delayed_start_is_dense_before_the_boundary_and_converts_each_layer_once_at_it
 fn start_zero_never_converts_an_empty_cache_so_the_first_chunk_is_dense() {
     let mut e = engine();
     let tokens: Vec<u32> = kl_tokens(&e)[..40].to_vec();
-    e.set_kv_scheme(KvScheme::dense(DenseDtype::F32)).unwrap();
+    e.set_kv_scheme(KvScheme::dense(DenseDtype::default()))
+        .unwrap();
     let dense = e.logits_all_chunked(&tokens, 20).unwrap();
     e.set_kv_scheme(affine(8, None, None)).unwrap();
     let kv8 = e.logits_all_chunked(&tokens, 20).unwrap();
@@ -178,7 +181,8 @@ fn quality_against_the_dense_cache_over_kl_text() {
     let options = EngineOptions {
         context_len: 1100,
         prefill_chunk: 32,
-        ..EngineOptions::default()
+        // The reference: exactly the activations.
+        kv_scheme: KvScheme::dense(DenseDtype::F32),
     };
     let mut e = Engine::new(backend, model, options).expect("engine");
     let tokens = kl_tokens(&e);

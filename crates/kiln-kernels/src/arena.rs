@@ -28,6 +28,7 @@ struct Chunk {
 // SAFETY: the mapping is plain memory; buffers cut from it cover disjoint ranges, and each is
 // accessed only through its owner (`&`/`&mut WeightBuf`).
 unsafe impl Send for Chunk {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for Chunk {}
 
 impl Chunk {

@@ -101,7 +101,11 @@ pub(crate) unsafe fn weighted(
                 let hs = per_pass.min(heads - h0);
                 let o = &mut out[h0 * hd..(h0 + hs) * hd];
                 let w = &w[h0 * n..];
-                // SAFETY: as this function's.
+                // SAFETY: as this function's (for every arm).
+                #[allow(
+                    clippy::undocumented_unsafe_blocks,
+                    reason = "the arms are generated; the comment above covers them all"
+                )]
                 match hs {
                     $($h => unsafe { weighted_pass::<$v, $h>(w, n, off, t, o) },)*
                     _ => unreachable!("at most 16 / {} heads per pass", $v),

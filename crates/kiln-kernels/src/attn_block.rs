@@ -64,9 +64,16 @@ pub fn block_scores(
     };
     #[cfg(target_arch = "x86_64")]
     match level.clamp_to_hardware() {
-        // SAFETY: the level is clamped to the hardware, which therefore has the features.
-        CpuLevel::Avx512 => return unsafe { scores_avx512(&a, scores) },
-        CpuLevel::Avx2 => return unsafe { scores_avx2(&a, scores) },
+        CpuLevel::Avx512 => {
+            // SAFETY: the level is clamped to the hardware, which therefore has the features.
+            unsafe { scores_avx512(&a, scores) };
+            return;
+        }
+        CpuLevel::Avx2 => {
+            // SAFETY: as above.
+            unsafe { scores_avx2(&a, scores) };
+            return;
+        }
         CpuLevel::Scalar => {}
     }
     let _ = level;
@@ -91,9 +98,16 @@ pub fn block_weighted_sum(
     }
     #[cfg(target_arch = "x86_64")]
     match level.clamp_to_hardware() {
-        // SAFETY: the level is clamped to the hardware, which therefore has the features.
-        CpuLevel::Avx512 => return unsafe { weighted_avx512(weights, n, offset, tile, out) },
-        CpuLevel::Avx2 => return unsafe { weighted_avx2(weights, n, offset, tile, out) },
+        CpuLevel::Avx512 => {
+            // SAFETY: the level is clamped to the hardware, which therefore has the features.
+            unsafe { weighted_avx512(weights, n, offset, tile, out) };
+            return;
+        }
+        CpuLevel::Avx2 => {
+            // SAFETY: as above.
+            unsafe { weighted_avx2(weights, n, offset, tile, out) };
+            return;
+        }
         CpuLevel::Scalar => {}
     }
     let _ = level;
@@ -193,6 +207,10 @@ macro_rules! simd_kernels {
         }
 
         #[target_feature(enable = $feat)]
+        #[allow(
+            clippy::undocumented_unsafe_blocks,
+            reason = "one SAFETY comment above the loops covers every load and store in them"
+        )]
         unsafe fn strip(qs: [&[f32]; $RS], kt: *const f32, ld: usize, out: &mut [[f32; $L]; $RS]) {
             use std::arch::x86_64::*;
             let hd = qs[0].len();
@@ -224,6 +242,10 @@ macro_rules! simd_kernels {
         }
 
         #[target_feature(enable = $feat)]
+        #[allow(
+            clippy::undocumented_unsafe_blocks,
+            reason = "one SAFETY comment above the loops covers every load and store in them"
+        )]
         unsafe fn chunk<const RR: usize>(ws: [&[f32]; RR], t: Tile<'_>, d0: usize, out: *mut f32) {
             use std::arch::x86_64::*;
             let hd = t.head_dim;

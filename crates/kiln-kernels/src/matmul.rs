@@ -112,6 +112,7 @@ struct OutPtr(*mut f32);
 // SAFETY: tasks only write disjoint elements (distinct rows), and the pointer outlives them
 // because `par_drive` blocks until every task is done.
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for OutPtr {}
 impl OutPtr {
     /// Method (not field) access so closures capture the whole Sync wrapper.

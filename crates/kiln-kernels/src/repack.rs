@@ -415,6 +415,7 @@ fn par_groups_many<const M: usize>(
 struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint elements, and `pool.run` returns only when all are done.
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for OutPtr {}
 impl OutPtr {
     fn get(self) -> *mut f32 {

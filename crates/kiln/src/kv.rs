@@ -32,8 +32,8 @@ pub struct KvArgs {
     /// TurboQuant value bits: 2, 3, 4, 5 or 8 (with --kv-quant turbo; default 3).
     #[arg(long)]
     pub turbo_v_bits: Option<u8>,
-    /// Storage of dense layers and of every layer before conversion: f32 (default), f16, bf16.
-    #[arg(long, default_value = "f32")]
+    /// Storage of dense layers and of every layer before conversion: f16 (default), bf16, f32.
+    #[arg(long, default_value = "f16")]
     pub kv_dtype: String,
 }
 

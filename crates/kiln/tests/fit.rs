@@ -40,7 +40,7 @@ fn fit_numbers_equal_the_formulas_for_smollm2() {
     let weights = files.tensors().total_tensor_bytes();
     let overhead = 30_000_000u64;
 
-    // Dense f32: 30 layers × (K + V) × 3 heads × 64 × 4 bytes.
+    // Dense f16, the default: 30 layers × (K + V) × 3 heads × 64 × 2 bytes = 23,040.
     let v = json(&[
         "fit",
         &model,
@@ -50,7 +50,8 @@ fn fit_numbers_equal_the_formulas_for_smollm2() {
         "1",
         "--json",
     ]);
-    let dense_per = 30 * 2 * 3 * 64 * 4;
+    let dense_per = 30 * 2 * 3 * 64 * 2;
+    assert_eq!(dense_per, 23_040);
     assert_eq!(v["kv_bytes_per_token"], dense_per);
     assert_eq!(v["weights_bytes"], weights);
     assert_eq!(v["kv_bytes"], dense_per * 2048);
@@ -66,9 +67,25 @@ fn fit_numbers_equal_the_formulas_for_smollm2() {
     );
     assert_eq!(v["budget_bytes"], 1_000_000_000u64);
     assert_eq!(v["fits"], true);
-    assert_eq!(v["kv_scheme"], "f32");
+    assert_eq!(v["kv_scheme"], "f16");
     assert_eq!(v["max_position_embeddings"], 8192);
     assert!(v["predicted_decode_tok_s"].as_f64().unwrap() > 0.0);
+    // `--kv-quant off` names the same dense f16 cache; f32 and bf16 on request.
+    for (flags, key, per) in [
+        (&["--kv-quant", "off"][..], "f16", 23_040),
+        (
+            &["--kv-quant", "off", "--kv-dtype", "f32"][..],
+            "f32",
+            46_080,
+        ),
+        (&["--kv-dtype", "bf16"][..], "bf16", 23_040),
+    ] {
+        let mut args = vec!["fit", &model, "--memory-budget", "1", "--json"];
+        args.extend_from_slice(flags);
+        let v = json(&args);
+        assert_eq!(v["kv_scheme"], key, "{flags:?}");
+        assert_eq!(v["kv_bytes_per_token"], per, "{flags:?}");
+    }
 
     // kv4 g64 from the flag (start 0): 0.5 + 4/64 bytes per element ⇒ 216 bytes per layer;
     // the first 512-token chunk is dense before conversion, plus one converted layer.
@@ -237,8 +254,8 @@ fn kv_config_json_is_the_default_scheme_and_is_validated() {
     let v = json(&["fit", &model, "--memory-budget", "1", "--json"]);
     assert_eq!(v["kv_scheme"], "config");
     assert_eq!(v["kv_scheme_label"], "mixed (kv_config.json)");
-    // 4 layers, 1 KV head of 256: kv8-g64 544 + kv4-g64 288 + two dense f32 layers of 2048.
-    assert_eq!(v["kv_bytes_per_token"], 544 + 288 + 2 * 2048);
+    // 4 layers, 1 KV head of 256: kv8-g64 544 + kv4-g64 288 + two dense f16 layers of 1024.
+    assert_eq!(v["kv_bytes_per_token"], 544 + 288 + 2 * 1024);
     std::fs::write(&kv_config, r#"[{"layer_idx": 7, "bits": 4}]"#).unwrap();
     let o = kiln(&["fit", &model, "--memory-budget", "1"]);
     assert!(!o.status.success());
@@ -256,5 +273,5 @@ fn kv_config_json_is_the_default_scheme_and_is_validated() {
         "--kv-quant",
         "off",
     ]);
-    assert_eq!(v["kv_scheme"], "f32");
+    assert_eq!(v["kv_scheme"], "f16");
 }

@@ -113,7 +113,8 @@ fn resolve_row_turbo_given_wins_with_start_or_zero() {
 fn resolve_row_off_or_unset_is_dense() {
     for kv_quant in [None, Some(KvQuantOverride::Off)] {
         let s = resolve_kv_scheme(&KvSchemeRequest { kv_quant, ..req() }).unwrap();
-        assert_eq!(s, KvScheme::dense(DenseDtype::F32));
+        // f16 unless asked otherwise, as llama.cpp and Ollama.
+        assert_eq!(s, KvScheme::dense(DenseDtype::F16));
     }
     let s = resolve_kv_scheme(&KvSchemeRequest {
         dense: DenseDtype::Bf16,
@@ -529,18 +530,20 @@ fn affine_bytes_follow_bits_over_8_plus_4_over_group() {
 fn kv_bytes_per_token_per_scheme_on_smollm2() {
     let cfg = smollm2();
     let per = |s: &KvScheme| KvGeometry::new(&cfg, s, false).bytes_per_token();
-    // Dense f32 (kiln's CPU store): 30 layers × 2 × 192 × 4.
+    // Dense f32: 30 layers × 2 × 192 × 4.
     assert_eq!(per(&KvScheme::dense(DenseDtype::F32)), 30 * 2 * 192 * 4);
     assert_eq!(per(&KvScheme::dense(DenseDtype::Bf16)), 30 * 2 * 192 * 2);
+    // The default, f16: 23,040 bytes a token.
+    assert_eq!(per(&KvScheme::dense(DenseDtype::default())), 23_040);
     assert_eq!(per(&uniform(4, None, Some(0))), 30 * 216);
     assert_eq!(per(&uniform(8, None, Some(0))), 30 * 408);
     // Turbo at what kiln's store holds: per KV head 64 + 24 index bytes and two f16 norms.
     assert_eq!(per(&turbo(8, 3, None)), 30 * 3 * (64 + 2 + 24 + 2));
     assert_eq!(per(&turbo(4, 2, None)), 30 * 3 * (32 + 2 + 16 + 2));
-    // Config: listed layers affine, the rest dense (f32).
+    // Config: listed layers affine, the rest dense (f16 by default).
     assert_eq!(
         per(&config_scheme(&[spec(0, 8), spec(1, 4)], None)),
-        408 + 216 + 28 * 1536
+        408 + 216 + 28 * 768
     );
 }
 
@@ -560,7 +563,8 @@ fn sliding_layers_capped_at_window_when_the_store_caps() {
 #[test]
 fn peak_kv_bills_the_dense_prefix_and_one_converted_layer() {
     let cfg = smollm2();
-    let dense_per = 30 * 1536u64;
+    // The default dense storage, f16.
+    let dense_per = 30 * 768u64;
     // Before the start everything is dense.
     let g = KvGeometry::new(&cfg, &uniform(4, None, Some(1000)), false);
     assert_eq!(g.peak_bytes_at(999, 512), 999 * dense_per);
@@ -574,7 +578,7 @@ fn peak_kv_bills_the_dense_prefix_and_one_converted_layer() {
     let g = KvGeometry::new(&cfg, &uniform(4, None, Some(0)), false);
     assert_eq!(g.peak_bytes_at(300, 512), 300 * dense_per + 216 * 300);
     // Dense: plain.
-    let g = KvGeometry::new(&cfg, &KvScheme::dense(DenseDtype::F32), false);
+    let g = KvGeometry::new(&cfg, &KvScheme::dense(DenseDtype::F16), false);
     assert_eq!(g.peak_bytes_at(4000, 512), 4000 * dense_per);
 }
 

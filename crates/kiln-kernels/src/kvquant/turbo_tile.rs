@@ -47,7 +47,7 @@ unsafe fn rows_avx512(codec: &TurboCodec, rows: &[u8], out: &mut [f32]) {
     }
     let (lut, inv_sqrt_dim) = codec.decode_parts();
     let code_bytes = dim * usize::from(bits) / 8;
-    // SAFETY (all loads below): `lut` holds 256 floats; `codes` holds `dim` bytes, a multiple
+    // SAFETY: (all loads below) `lut` holds 256 floats; `codes` holds `dim` bytes, a multiple
     // of 16; each `o` chunk holds 16 floats.
     let (low, high) = unsafe {
         (

@@ -5,13 +5,15 @@
 use crate::ModelError;
 
 /// Storage of a dense layer. Its name is also the dense KV scheme's cache key and label.
+/// The default is f16, as in llama.cpp and Ollama: half the bytes of f32 at no measured speed
+/// cost, and lossless on the f32 path within the tolerance of `docs/testing.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DenseKv {
     /// 4 bytes per element: exactly the activations.
-    #[default]
     F32,
     /// IEEE half precision.
+    #[default]
     F16,
     /// bfloat16.
     Bf16,

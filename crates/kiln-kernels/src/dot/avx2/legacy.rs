@@ -202,10 +202,10 @@ macro_rules! float_dot {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn f32s_f32(w: &[f32], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
-    // SAFETY: float_dot only loads at i + 8 <= n.
     float_dot!(
         n,
         x,
+        // SAFETY: float_dot only loads at i + 8 <= n.
         |i| unsafe { _mm256_loadu_ps(w.as_ptr().add(i)) },
         |i| w[i]
     )
@@ -234,10 +234,10 @@ pub fn f32_f32(w: &[[u8; 4]], x: &[f32]) -> f32 {
 pub fn f16_f32(w: &[[u8; 2]], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     let p = w.as_ptr().cast::<u8>();
-    // SAFETY: float_dot only loads 8 halves at i + 8 <= n.
     float_dot!(
         n,
         x,
+        // SAFETY: float_dot only loads 8 halves at i + 8 <= n.
         |i| unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i).cast())) },
         |i| half::f16::from_bits(u16::from_le_bytes(w[i])).to_f32(),
     )
@@ -251,10 +251,10 @@ pub fn f16_f32(w: &[[u8; 2]], x: &[f32]) -> f32 {
 pub fn bf16_f32(w: &[[u8; 2]], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     let p = w.as_ptr().cast::<u8>();
-    // SAFETY: float_dot only loads 8 halves at i + 8 <= n.
     float_dot!(
         n,
         x,
+        // SAFETY: float_dot only loads 8 halves at i + 8 <= n.
         |i| unsafe {
             let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(2 * i).cast()));
             _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))

@@ -27,14 +27,15 @@ pub fn q8_0x16_q16<const N: usize>(
     let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     let mut acc = [_mm512_setzero_ps(); N];
     for (b, g) in w[..nb].iter().enumerate() {
-        // SAFETY (the loads below): scales at 0..32 and the eight code vectors at 32..544 of
-        // the group block.
         let base = g.as_ptr();
+        // SAFETY: (this load and the ones below) scales at 0..32 and the eight code vectors at
+        // 32..544 of the group block.
         let dw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(base.cast())) };
         // Codes are `w + 128`; lane k of vector i is codes 4i..4i + 4 of row k. (A loop, not
         // `std::array::from_fn`, whose closure would not inherit the target features.)
         let mut wide = [[_mm512_setzero_si512(); 2]; 8];
         for (i, w) in wide.iter_mut().enumerate() {
+            // SAFETY: code vector `i` of eight, inside the group block (see above).
             let c = unsafe { _mm512_loadu_si512(base.add(32 + 64 * i).cast()) };
             let s = _mm512_xor_si512(c, flip);
             *w = [

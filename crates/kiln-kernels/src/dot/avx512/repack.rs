@@ -89,12 +89,14 @@ pub fn q5_0x16_q8_0<const N: usize>(
     let m4 = _mm512_set1_epi8(0x0F);
     let sixteen = _mm512_set1_epi8(16);
     offset_codes_x16(w, 16, a, sums, out, |g| {
-        // SAFETY: masks at 32..96, the four nibble vectors at 96..352 of the 352-byte block.
         let base = g.as_ptr();
+        // SAFETY: masks at 32..96, the four nibble vectors at 96..352 of the 352-byte block.
         let p = unsafe { vectors::<4>(base.add(96)) };
         let mut v = nibble_codes(&p, m4);
         for (i, v) in v.iter_mut().enumerate() {
-            let mask = u64::from_le(unsafe { base.add(32 + 8 * i).cast::<u64>().read_unaligned() });
+            // SAFETY: mask `i` of four, at 32..96 of the block.
+            let mask = unsafe { base.add(32 + 8 * i).cast::<u64>().read_unaligned() };
+            let mask = u64::from_le(mask);
             *v = _mm512_mask_add_epi8(*v, mask, *v, sixteen);
         }
         v

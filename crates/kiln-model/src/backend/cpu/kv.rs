@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::kv_cell::{LayerCell, LayerCodec};
 use crate::ModelError;
-use crate::backend::{KvLayerState, KvLayout, KvPlan, KvSnapshot, KvStore};
+use crate::backend::{DenseKv, KvLayerState, KvLayout, KvPlan, KvSnapshot, KvStore};
 
 /// Keys and values for `n_slots` sequences of up to `capacity` positions. Every cell is
 /// reserved at full capacity but commits memory only as positions are written.
@@ -23,7 +23,7 @@ pub struct CpuKv {
 impl CpuKv {
     /// A dense f32 store.
     pub(crate) fn new(layout: KvLayout) -> Result<Self, ModelError> {
-        Self::planned(layout, &KvPlan::dense(Default::default(), layout.n_layers))
+        Self::planned(layout, &KvPlan::dense(DenseKv::F32, layout.n_layers))
     }
 
     /// A store that keeps layers as `plan` says.
