@@ -3,6 +3,8 @@
 import anthropic
 import pytest
 
+from conftest import httpx
+
 MSGS = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -63,3 +65,18 @@ def test_models_list_reads_in_the_anthropic_sdk(anth):
     models = anth.models.list().data
     assert models[0].type == "model" and models[0].created_at.year >= 2025
     assert anth.models.retrieve(models[0].id).id == models[0].id
+
+
+def test_max_tokens_is_required_as_in_the_api(anth, server):
+    r = httpx.post(server.url + "/v1/messages", json={"model": "x", "messages": MSGS}, timeout=30)
+    assert r.status_code == 400
+    assert r.json() == {"type": "error",
+                        "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"}}
+
+
+def test_oversized_body_is_a_413_the_sdk_reads(anth):
+    with pytest.raises(anthropic.APIStatusError) as e:
+        anth.messages.create(model="x", max_tokens=5,
+                             messages=[{"role": "user", "content": "a" * (12 * 1024 * 1024)}])
+    assert e.value.status_code == 413
+    assert e.value.response.json()["error"]["type"] == "request_too_large"

@@ -1,5 +1,6 @@
 """Startup, SIGTERM drain, sampling determinism."""
 
+import socket
 import threading
 import time
 
@@ -49,3 +50,29 @@ def test_bad_flags_fail_fast_with_a_message():
         out = subprocess.run([KILN, "serve", *flags], capture_output=True, text=True, timeout=30)
         assert out.returncode != 0
         assert needle in out.stderr and "panicked" not in out.stderr
+
+
+def test_idle_and_blank_line_connections_are_closed_within_the_header_timeout():
+    s = Server("--header-timeout", "2")
+    try:
+        host, port = s.url.removeprefix("http://").split(":")
+        conns = [socket.create_connection((host, int(port))) for _ in range(10)]
+        blank = socket.create_connection((host, int(port)))
+        blank.sendall(b"\r\n\r\n\r\n\r\n")
+        t0 = time.monotonic()
+        for c in conns + [blank]:
+            c.settimeout(15)
+            assert c.recv(1) == b"", "an idle connection gets a close, nothing else"
+        took = time.monotonic() - t0
+        assert took < 2 + 4, f"closed after {took:.1f} s"
+        # The server still answers, and a stream longer than the timeout is not cut.
+        body = {"messages": [{"role": "user", "content": "Count to fifty."}], "stream": True,
+                "max_tokens": 800, "ignore_eos": True, "temperature": 0}
+        t0 = time.monotonic()
+        with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            lines = [line for line in r.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]"
+        assert len([line for line in lines if line.startswith("data: {")]) >= 800
+        assert time.monotonic() - t0 > 2, "the stream outlived the header timeout"
+    finally:
+        s.stop()

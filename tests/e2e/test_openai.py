@@ -137,6 +137,16 @@ def test_typed_errors(oai, keyed_server):
     assert httpx.get(keyed_server.url + "/health").status_code == 200
 
 
+def test_oversized_body_is_a_413_the_sdk_reads(oai, server):
+    # The SDK sends the whole 12 MB before it reads: the server must drain it, not reset.
+    big = [{"role": "user", "content": "a" * (12 * 1024 * 1024)}]
+    with pytest.raises(openai.APIStatusError) as e:
+        oai.chat.completions.create(model="x", messages=big)
+    assert e.value.status_code == 413
+    assert "too large" in e.value.response.json()["error"]["message"]
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
 MALFORMED = [
     ("wrong types", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', 400),
     ("empty messages", b'{"messages": []}', 400),

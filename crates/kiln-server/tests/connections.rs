@@ -273,3 +273,25 @@ fn connections_beyond_the_cap_get_a_503_and_the_server_recovers() {
     let (got, _) = read_to_close(&mut s);
     assert_eq!(status_of(&got), 200, "{got}");
 }
+
+#[test]
+fn an_oversized_request_line_or_head_is_414_or_431() {
+    let server = start(script(&["x"]), limits());
+    let long_uri = format!(
+        "GET /{} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        "a".repeat(500_000)
+    );
+    let big_head = format!(
+        "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: {}\r\n\r\n",
+        "b".repeat(1_000_000)
+    );
+    let many: String = (0..200).map(|i| format!("X-{i}: v\r\n")).collect();
+    let many_headers = format!("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n{many}\r\n");
+    for (request, status) in [(long_uri, 414), (big_head, 431), (many_headers, 431)] {
+        let mut s = connect(server.addr);
+        // The server may answer and close before it has read everything.
+        let _ = s.write_all(request.as_bytes());
+        let (got, _) = read_to_close(&mut s);
+        assert_eq!(status_of(&got), status, "{}", &got[..got.len().min(200)]);
+    }
+}

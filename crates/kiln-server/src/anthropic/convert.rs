@@ -13,7 +13,7 @@ pub struct MessagesRequest {
     pub messages: Value,
     /// System prompt: a string or text blocks.
     pub system: Option<Value>,
-    /// Most tokens to generate (required by the API; absent means the server default).
+    /// Most tokens to generate (required, as by the API: the handler answers 400 without it).
     pub max_tokens: Option<u64>,
     /// Stop sequences.
     pub stop_sequences: Option<Value>,

@@ -19,8 +19,8 @@ pub struct EvalArgs {
 /// What to evaluate.
 #[derive(Debug, Subcommand)]
 pub enum EvalCommand {
-    /// KV-cache scheme quality: teacher-forced top-1 agreement and KL against the dense f32
-    /// cache over a text, and bytes per token.
+    /// KV-cache scheme quality: teacher-forced top-1 agreement and KL against a dense cache
+    /// (f32 unless `--reference` says otherwise) over a text, and bytes per token.
     Kv(EvalKvArgs),
 }
 
@@ -35,6 +35,10 @@ pub struct EvalKvArgs {
     /// Tokens per forward. The first chunk runs before the cache converts and is not scored.
     #[arg(long, default_value_t = 32)]
     pub chunk: usize,
+    /// The dense cache compared against: f32 (default: exactly the activations), f16 or bf16
+    /// (f16 is what llama-perplexity's `--kl-divergence` runs compare against).
+    #[arg(long, default_value = "f32")]
+    pub reference: String,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -53,6 +57,12 @@ fn kv(args: EvalKvArgs) -> Result<()> {
     if args.chunk == 0 {
         bail!("--chunk must be positive");
     }
+    let Some(reference) = DenseDtype::parse(&args.reference) else {
+        bail!(
+            "--reference must be f32, f16 or bf16, got {:?}",
+            args.reference
+        );
+    };
     set_threads(args.runtime.threads)?;
     let text = if args.text.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin()).context("reading standard input")?
@@ -77,12 +87,7 @@ fn kv(args: EvalKvArgs) -> Result<()> {
         );
     }
     let scheme = engine.options().kv_scheme.clone();
-    let report = engine.eval_kv(
-        &tokens,
-        KvScheme::dense(DenseDtype::F32),
-        scheme,
-        args.chunk,
-    )?;
+    let report = engine.eval_kv(&tokens, KvScheme::dense(reference), scheme, args.chunk)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
@@ -99,8 +104,9 @@ fn kv(args: EvalKvArgs) -> Result<()> {
         c.mean_kl, c.max_kl
     );
     println!(
-        "bytes per token  {:.0} (dense f32 {:.0}, {:.2}x smaller)",
+        "bytes per token  {:.0} (dense {} {:.0}, {:.2}x smaller)",
         report.bytes_per_token,
+        reference.name(),
         report.dense_bytes_per_token,
         report.dense_bytes_per_token / report.bytes_per_token.max(1.0)
     );
