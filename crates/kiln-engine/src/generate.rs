@@ -22,7 +22,8 @@ pub struct EngineOptions {
     pub context_len: usize,
     /// Prompt tokens computed per forward during prefill.
     pub prefill_chunk: usize,
-    /// How the KV cache is stored.
+    /// How the KV cache is stored. The default is dense f16; a backend that stores f32 only
+    /// (the naive reference backend) needs `KvScheme::dense(DenseDtype::F32)`.
     pub kv_scheme: KvScheme,
 }
 
@@ -39,7 +40,7 @@ impl Default for EngineOptions {
 /// The KV cache as `/stats` shows it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct KvReport {
-    /// The scheme's cache key (`f32`, `kv4`, `turbo-k8v3`…).
+    /// The scheme's cache key (`f16`, `kv4`, `turbo-k8v3`…).
     pub scheme: String,
     /// Its label (`uniform-kv4`…).
     pub label: String,

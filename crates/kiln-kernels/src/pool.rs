@@ -216,8 +216,11 @@ impl Pool {
             current: &self.shared.current,
         };
         *lock(&self.shared.current) = Some(job.clone());
-        self.shared.generation.fetch_add(1, Ordering::Release);
-        if self.shared.sleepers.load(Ordering::Acquire) > 0 {
+        // SeqCst here and in the worker's park (a store then a load on each side): with weaker
+        // orderings both sides could read the other's old value and a worker sleep through the
+        // job (harmless, the caller runs every task, but the job loses its parallelism).
+        self.shared.generation.fetch_add(1, Ordering::SeqCst);
+        if self.shared.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = lock(&self.shared.current);
             self.shared.wake.notify_all();
         }
@@ -302,8 +305,8 @@ fn worker_loop(shared: &Shared, me: usize) {
             }
             if spins.is_multiple_of(64) && started.elapsed() > SPIN {
                 let mut slot = lock(&shared.current);
-                shared.sleepers.fetch_add(1, Ordering::AcqRel);
-                while shared.generation.load(Ordering::Acquire) == seen
+                shared.sleepers.fetch_add(1, Ordering::SeqCst);
+                while shared.generation.load(Ordering::SeqCst) == seen
                     && !shared.shutdown.load(Ordering::Acquire)
                 {
                     slot = shared.wake.wait(slot).unwrap_or_else(|p| p.into_inner());
@@ -514,11 +517,16 @@ mod tests {
             .unwrap_or_default()
     }
 
-    /// Runs a job whose tasks on one side (the caller or the workers) panic once the other side
+    /// Runs a job whose tasks on one thread (the caller, or worker 1) panic once another thread
     /// is also inside a task, and checks that the panic reaches the caller only after every
-    /// task has left the closure, then that the pool still runs a job completely.
+    /// task has left the closure (the others sleep in theirs: the caller, and worker 2 when
+    /// worker 1 panics), then that the pool still runs a job completely.
     fn panic_reaches_the_caller_after_every_task(panic_on_worker: bool) {
         let pool = Pool::new(3);
+        let panicking_thread = || match panic_on_worker {
+            true => std::thread::current().name() == Some("kiln-worker-1"),
+            false => !on_worker(),
+        };
         let rounds = if cfg!(miri) { 2 } else { 20 };
         for round in 0..rounds {
             let inside = AtomicUsize::new(0);
@@ -526,8 +534,7 @@ mod tests {
             let result = catch_unwind(AssertUnwindSafe(|| {
                 pool.run(64, &|_| {
                     inside.fetch_add(1, Ordering::SeqCst);
-                    let panicking_side = on_worker() == panic_on_worker;
-                    if panicking_side {
+                    if panicking_thread() {
                         let t0 = Instant::now();
                         while !other_side_entered.load(Ordering::SeqCst)
                             && t0.elapsed() < Duration::from_secs(5)
@@ -598,14 +605,34 @@ mod tests {
         );
     }
 
+    /// Runs 64 tasks of a millisecond each; says whether a worker took any.
+    fn workers_take_part(pool: &Pool) -> bool {
+        let sum = AtomicUsize::new(0);
+        let by_worker = AtomicBool::new(false);
+        pool.run(64, &|i| {
+            sum.fetch_add(i, Ordering::Relaxed);
+            if on_worker() {
+                by_worker.store(true, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        });
+        assert_eq!(sum.load(Ordering::Relaxed), 64 * 63 / 2);
+        by_worker.load(Ordering::Relaxed)
+    }
+
     #[test]
     fn parked_workers_wake_up() {
         let pool = Pool::new(2);
         std::thread::sleep(Duration::from_millis(20));
-        let sum = AtomicUsize::new(0);
-        pool.run(64, &|i| {
-            sum.fetch_add(i, Ordering::Relaxed);
-        });
-        assert_eq!(sum.load(Ordering::Relaxed), 64 * 63 / 2);
+        assert!(workers_take_part(&pool), "a parked worker joined the job");
+    }
+
+    #[test]
+    fn the_first_job_after_start_uses_the_workers() {
+        // Published before the worker threads may have run at all: they must still join it.
+        for _ in 0..if cfg!(miri) { 2 } else { 20 } {
+            let pool = Pool::new(2);
+            assert!(workers_take_part(&pool));
+        }
     }
 }

@@ -70,12 +70,13 @@ pub async fn guard(State(state): State<SharedState>, req: Request, next: Next) -
         if let Some(h) = host
             && !host_allowed(h, state.local_addr.port())
         {
-            return ApiError::new(
+            let refusal = ApiError::new(
                 StatusCode::FORBIDDEN,
                 format!("Host {h:?} is not allowed on a loopback server"),
             )
             .flavor(flavor)
             .into_response();
+            return crate::body_guard::refuse_unread(req, refusal);
         }
     }
     if let Some(key) = &state.config.api_key
@@ -84,7 +85,7 @@ pub async fn guard(State(state): State<SharedState>, req: Request, next: Next) -
     {
         let mut r = ApiError::unauthorized().flavor(flavor).into_response();
         add_cors(&mut r, cors);
-        return r;
+        return crate::body_guard::refuse_unread(req, r);
     }
     let mut resp = next.run(req).await;
     add_cors(&mut resp, cors);

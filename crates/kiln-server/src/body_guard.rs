@@ -1,4 +1,5 @@
-//! Request bodies are read here, before routing, within the size limit and the body timeout.
+//! Request bodies are read here, after the auth and Host checks and before routing, within the
+//! size limit and the body timeout.
 //!
 //! A body declared larger than the limit (`Content-Length`) is refused before a byte of it is
 //! read; a chunked one is refused when it crosses the limit. Either way the client gets a 413 it
@@ -6,7 +7,9 @@
 //! connection, not the answer, if the server closed with its data unread, so the rest of the body
 //! is drained (up to [`DRAIN_MAX`] bytes and [`DRAIN_TIME`]) after the answer and the connection
 //! then closed. Every route after this one sees a fully read body, so no error answered early
-//! (401, 404…) leaves unread data behind either.
+//! (404, 405…) leaves unread data behind either; the auth and Host refusals, which come before
+//! this layer so that no unauthenticated body is ever buffered, drain theirs through
+//! [`refuse_unread`].
 
 use std::time::Duration;
 
@@ -23,6 +26,9 @@ use crate::errors::{ApiError, Flavor};
 pub const DRAIN_MAX: u64 = 64 << 20;
 /// The longest a refused body is read for.
 pub const DRAIN_TIME: Duration = Duration::from_secs(10);
+/// A refused body that sends nothing for this long is not waited for (nginx's lingering close
+/// works the same way).
+pub const DRAIN_IDLE: Duration = Duration::from_secs(2);
 
 /// The body limits in force.
 #[derive(Debug, Clone, Copy)]
@@ -52,30 +58,48 @@ pub async fn read_body(State(limits): State<BodyLimits>, req: Request, next: Nex
         }
         return too_large(flavor, Some(n), max);
     }
-    let (parts, body) = req.into_parts();
-    match tokio::time::timeout(limits.timeout, read_up_to(body, max)).await {
-        Err(_) => refusal(
-            ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the request body did not arrive within {} s",
-                    limits.timeout.as_secs()
-                ),
-            )
-            .flavor(flavor),
-        ),
+    let (parts, mut body) = req.into_parts();
+    let read = tokio::time::timeout(limits.timeout, read_up_to(&mut body, max)).await;
+    match read {
         Ok(Read::Whole(bytes)) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
-        Ok(Read::TooLarge(rest)) => {
-            tokio::spawn(drain(rest, DRAIN_MAX));
+        Err(_) => {
+            // A client still trickling its body reads the 408 rather than a reset.
+            tokio::spawn(drain(body, DRAIN_MAX));
+            refusal(
+                ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the request body did not arrive within {:.1} s",
+                        limits.timeout.as_secs_f64()
+                    ),
+                )
+                .flavor(flavor),
+            )
+        }
+        Ok(Read::TooLarge) => {
+            tokio::spawn(drain(body, DRAIN_MAX));
             too_large(flavor, None, max)
         }
         Ok(Read::Failed(e)) => refusal(
             ApiError::bad_request(format!("could not read the request body: {e}")).flavor(flavor),
         ),
     }
+}
+
+/// Answers `refusal` to a request whose body has not been read: the body is drained in the
+/// background (bounded as for a 413) and the connection closes after the answer.
+pub fn refuse_unread(req: Request, refusal: Response) -> Response {
+    let headers = req.headers();
+    if declared_length(headers) != Some(0) && !expects_continue(headers) {
+        tokio::spawn(drain(req.into_body(), DRAIN_MAX));
+    }
+    let mut resp = refusal;
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
 }
 
 fn declared_length(headers: &HeaderMap) -> Option<u64> {
@@ -97,12 +121,12 @@ fn expects_continue(headers: &HeaderMap) -> bool {
 
 enum Read {
     Whole(Bytes),
-    /// The limit was crossed; what is left of the body, to drain.
-    TooLarge(Body),
+    /// The limit was crossed; the rest of the body is still unread.
+    TooLarge,
     Failed(axum::Error),
 }
 
-async fn read_up_to(mut body: Body, max: u64) -> Read {
+async fn read_up_to(body: &mut Body, max: u64) -> Read {
     let mut buf = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = match frame {
@@ -111,7 +135,7 @@ async fn read_up_to(mut body: Body, max: u64) -> Read {
         };
         if let Ok(data) = frame.into_data() {
             if (buf.len() + data.len()) as u64 > max {
-                return Read::TooLarge(body);
+                return Read::TooLarge;
             }
             buf.extend_from_slice(&data);
         }
@@ -119,13 +143,14 @@ async fn read_up_to(mut body: Body, max: u64) -> Read {
     Read::Whole(Bytes::from(buf))
 }
 
-/// Reads and drops up to `max` bytes of `body` (within [`DRAIN_TIME`]).
+/// Reads and drops up to `max` bytes of `body`, within [`DRAIN_TIME`], until the client stops
+/// sending for [`DRAIN_IDLE`].
 async fn drain(mut body: Body, max: u64) {
     let reading = async {
         let mut seen = 0u64;
         while seen < max {
-            match body.frame().await {
-                Some(Ok(frame)) => {
+            match tokio::time::timeout(DRAIN_IDLE, body.frame()).await {
+                Ok(Some(Ok(frame))) => {
                     seen += frame.data_ref().map_or(0, |d| d.len() as u64);
                 }
                 _ => break,

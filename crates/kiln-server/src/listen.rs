@@ -48,6 +48,9 @@ impl Default for ConnectionLimits {
 /// How long a refused connection is kept to send its 503 and read what the client sent, so
 /// that closing it does not reset the connection before the client has read the answer.
 const REFUSAL_LINGER: Duration = Duration::from_secs(2);
+/// Refusals answered at once; beyond them a connection is closed without an answer, so a flood
+/// of connections cannot hold more than this many extra file descriptors.
+const MAX_REFUSALS: usize = 64;
 
 /// Serves `app` on `listener` until `shutdown` resolves, then stops accepting and waits for
 /// in-flight requests (streams included) to finish.
@@ -57,7 +60,9 @@ pub async fn serve_connections(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let cap = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
+    let slots = Arc::new(Semaphore::new(cap));
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
     let graceful = GracefulShutdown::new();
     let mut shutdown = pin!(shutdown);
     loop {
@@ -65,14 +70,21 @@ pub async fn serve_connections(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => stream,
                 Err(e) => {
-                    on_accept_error(e).await;
-                    continue;
+                    tokio::select! {
+                        () = on_accept_error(e) => continue,
+                        () = &mut shutdown => break,
+                    }
                 }
             },
             () = &mut shutdown => break,
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tokio::spawn(refuse(stream, limits.max_connections));
+            if let Ok(refusal) = refusals.clone().try_acquire_owned() {
+                tokio::spawn(async move {
+                    refuse(stream, cap).await;
+                    drop(refusal);
+                });
+            }
             continue;
         };
         let _ = stream.set_nodelay(true);
@@ -103,7 +115,7 @@ async fn on_accept_error(e: std::io::Error) {
     use std::io::ErrorKind::*;
     if matches!(
         e.kind(),
-        ConnectionRefused | ConnectionAborted | ConnectionReset
+        ConnectionRefused | ConnectionAborted | ConnectionReset | Interrupted
     ) {
         return;
     }

@@ -34,7 +34,16 @@ fn request_schema(path: &str) -> Option<Value> {
                 "logprobs": {"type": "integer", "minimum": 0, "maximum": 11},
             }),
         ),
-        "/v1/messages" | "/v1/messages/count_tokens" => (
+        "/v1/messages" => (
+            vec!["messages", "max_tokens"],
+            json!({
+                "messages": {"type": "array", "items": {"type": "object"}},
+                "system": {"type": ["string", "array"]}, "max_tokens": {"type": "integer"},
+                "stop_sequences": {"type": "array", "items": {"type": "string"}},
+                "stream": {"type": "boolean"}, "tools": {"type": "array"}, "tool_choice": {"type": "object"},
+            }),
+        ),
+        "/v1/messages/count_tokens" => (
             vec!["messages"],
             json!({
                 "messages": {"type": "array", "items": {"type": "object"}},

@@ -85,8 +85,9 @@ async fn gate_header(
 type GateNote = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// Builds the application with extra routes merged in (behind the same auth and Host checks)
-/// and, with `gate_note`, the job-gate response header. Bodies are read whole, within the
-/// limits, before anything else looks at a request (`body_guard`).
+/// and, with `gate_note`, the job-gate response header. After the auth and Host checks
+/// (whose refusals drain the body unread), bodies are read whole, within the limits, before
+/// routing (`body_guard`).
 pub fn router_with(
     state: SharedState,
     extra: Option<Router>,
@@ -125,11 +126,11 @@ pub fn router_with(
         max_bytes: limit,
         timeout: state.config.limits.body_timeout,
     };
-    app.layer(middleware::from_fn_with_state(state, auth::guard))
-        .layer(middleware::from_fn_with_state(
-            body_limits,
-            crate::body_guard::read_body,
-        ))
+    app.layer(middleware::from_fn_with_state(
+        body_limits,
+        crate::body_guard::read_body,
+    ))
+    .layer(middleware::from_fn_with_state(state, auth::guard))
 }
 
 async fn not_found(uri: Uri) -> ApiError {

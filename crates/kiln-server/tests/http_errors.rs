@@ -57,11 +57,15 @@ async fn malformed_inputs_are_4xx_with_messages() {
 #[tokio::test]
 async fn anthropic_errors_are_anthropic_shaped() {
     let app = scripted(&["x"]);
-    let (s, text) = post(&app, "/v1/messages", r#"{"messages": []}"#).await;
+    let (s, text) = post(&app, "/v1/messages", r#"{"messages": [], "max_tokens": 5}"#).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["type"], "error");
     assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("messages"),
+        "{text}"
+    );
 }
 
 #[tokio::test]

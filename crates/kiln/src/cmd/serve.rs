@@ -242,8 +242,11 @@ fn connection_limits(args: &ServeArgs) -> Result<kiln_server::ConnectionLimits> 
         }
         Ok(Duration::from_secs_f64(v))
     };
-    if args.max_connections == 0 {
-        bail!("--max-connections must be at least 1");
+    if !(1..=1_000_000).contains(&args.max_connections) {
+        bail!(
+            "--max-connections must be between 1 and 1000000, got {}",
+            args.max_connections
+        );
     }
     Ok(kiln_server::ConnectionLimits {
         header_timeout: secs("--header-timeout", args.header_timeout)?,
