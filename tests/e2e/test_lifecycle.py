@@ -72,7 +72,8 @@ def test_idle_and_blank_line_connections_are_closed_within_the_header_timeout():
         with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, timeout=60) as r:
             lines = [line for line in r.iter_lines() if line]
         assert lines[-1] == "data: [DONE]"
-        assert len([line for line in lines if line.startswith("data: {")]) >= 800
+        # Not cut: it ran to its token budget (some tokens share a chunk while UTF-8 is held back).
+        assert '"finish_reason":"length"' in lines[-2], lines[-2]
         assert time.monotonic() - t0 > 2, "the stream outlived the header timeout"
     finally:
         s.stop()
