@@ -13,12 +13,12 @@
 
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::errors::{ApiError, Flavor};
 
@@ -42,64 +42,52 @@ pub struct BodyLimits {
 /// Middleware: reads the body within [`BodyLimits`] and hands it on whole.
 pub async fn read_body(State(limits): State<BodyLimits>, req: Request, next: Next) -> Response {
     let flavor = Flavor::for_path(req.uri().path());
-    let max = limits.max_bytes as u64;
+    let max = limits.max_bytes;
     let declared = declared_length(req.headers());
     if declared == Some(0) {
         return next.run(req).await;
     }
     if let Some(n) = declared
-        && n > max
+        && n > max as u64
     {
-        let expects_continue = expects_continue(req.headers());
-        let body = req.into_body();
-        // A client waiting for `100 Continue` sends nothing more once it has the 413.
-        if !expects_continue {
-            tokio::spawn(drain(body, n.min(DRAIN_MAX)));
-        }
-        return too_large(flavor, Some(n), max);
+        return refuse_unread(req, too_large(flavor, Some(n), max));
     }
     let (parts, mut body) = req.into_parts();
-    let read = tokio::time::timeout(limits.timeout, read_up_to(&mut body, max)).await;
-    match read {
-        Ok(Read::Whole(bytes)) => {
-            next.run(Request::from_parts(parts, Body::from(bytes)))
-                .await
+    let read = tokio::time::timeout(limits.timeout, Limited::new(&mut body, max).collect()).await;
+    let refused = match read {
+        Ok(Ok(whole)) => {
+            let req = Request::from_parts(parts, Body::from(whole.to_bytes()));
+            return next.run(req).await;
         }
-        Err(_) => {
-            // A client still trickling its body reads the 408 rather than a reset.
-            tokio::spawn(drain(body, DRAIN_MAX));
-            refusal(
-                ApiError::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    format!(
-                        "the request body did not arrive within {:.1} s",
-                        limits.timeout.as_secs_f64()
-                    ),
-                )
-                .flavor(flavor),
-            )
+        Ok(Err(e)) if e.is::<LengthLimitError>() => too_large(flavor, None, max),
+        Ok(Err(e)) => {
+            let e = ApiError::bad_request(format!("could not read the request body: {e}"));
+            return close_after(e.flavor(flavor).into_response());
         }
-        Ok(Read::TooLarge) => {
-            tokio::spawn(drain(body, DRAIN_MAX));
-            too_large(flavor, None, max)
-        }
-        Ok(Read::Failed(e)) => refusal(
-            ApiError::bad_request(format!("could not read the request body: {e}")).flavor(flavor),
-        ),
-    }
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {:.1} s",
+                limits.timeout.as_secs_f64()
+            ),
+        )
+        .flavor(flavor)
+        .into_response(),
+    };
+    // Past the limit, or a client still trickling its body: it reads the answer, not a reset.
+    tokio::spawn(drain(body, DRAIN_MAX));
+    close_after(refused)
 }
 
 /// Answers `refusal` to a request whose body has not been read: the body is drained in the
-/// background (bounded as for a 413) and the connection closes after the answer.
+/// background (unless the client waits for `100 Continue`, and so sends nothing more) and the
+/// connection closes after the answer.
 pub fn refuse_unread(req: Request, refusal: Response) -> Response {
     let headers = req.headers();
     if declared_length(headers) != Some(0) && !expects_continue(headers) {
         tokio::spawn(drain(req.into_body(), DRAIN_MAX));
     }
-    let mut resp = refusal;
-    resp.headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    resp
+    close_after(refusal)
 }
 
 fn declared_length(headers: &HeaderMap) -> Option<u64> {
@@ -119,30 +107,6 @@ fn expects_continue(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
 }
 
-enum Read {
-    Whole(Bytes),
-    /// The limit was crossed; the rest of the body is still unread.
-    TooLarge,
-    Failed(axum::Error),
-}
-
-async fn read_up_to(body: &mut Body, max: u64) -> Read {
-    let mut buf = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let frame = match frame {
-            Ok(f) => f,
-            Err(e) => return Read::Failed(e),
-        };
-        if let Ok(data) = frame.into_data() {
-            if (buf.len() + data.len()) as u64 > max {
-                return Read::TooLarge;
-            }
-            buf.extend_from_slice(&data);
-        }
-    }
-    Read::Whole(Bytes::from(buf))
-}
-
 /// Reads and drops up to `max` bytes of `body`, within [`DRAIN_TIME`], until the client stops
 /// sending for [`DRAIN_IDLE`].
 async fn drain(mut body: Body, max: u64) {
@@ -160,17 +124,18 @@ async fn drain(mut body: Body, max: u64) {
     let _ = tokio::time::timeout(DRAIN_TIME, reading).await;
 }
 
-fn too_large(flavor: Flavor, declared: Option<u64>, max: u64) -> Response {
+fn too_large(flavor: Flavor, declared: Option<u64>, max: usize) -> Response {
     let message = match declared {
         Some(n) => format!("request body is too large: {n} bytes, the limit is {max}"),
         None => format!("request body is too large: over the limit of {max} bytes"),
     };
-    refusal(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).flavor(flavor))
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message)
+        .flavor(flavor)
+        .into_response()
 }
 
-/// An error answered before the body was read whole: the connection closes after it.
-fn refusal(e: ApiError) -> Response {
-    let mut resp = e.into_response();
+/// An answer given before the body was read whole: the connection closes after it.
+fn close_after(mut resp: Response) -> Response {
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     resp

@@ -64,6 +64,9 @@ pub async fn serve_connections(
     let slots = Arc::new(Semaphore::new(cap));
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
     let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
     let mut shutdown = pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -91,12 +94,7 @@ pub async fn serve_connections(
         let service = app
             .clone()
             .map_request(|req: axum::http::Request<Incoming>| req.map(Body::new));
-        let mut builder = hyper::server::conn::http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_timeout);
-        let conn =
-            builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+        let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

@@ -16,10 +16,6 @@ use crate::prompt::{ChatPrompt, chat_prompt, normalize_messages};
 use crate::state::SharedState;
 use crate::tools::parse_tool_calls;
 
-/// The ceiling `plan_max_tokens` applies before capping at the context (`max_tokens` itself is
-/// required, as in Anthropic's API).
-const DEFAULT_MAX_TOKENS: usize = 4096;
-
 fn prompt_of(state: &SharedState, req: &MessagesRequest) -> Result<(ChatPrompt, bool), ApiError> {
     let (messages, tools) = to_openai(req)?;
     let messages = normalize_messages(&messages)?;
@@ -66,10 +62,10 @@ pub async fn handler(
 ) -> Result<Response, ApiError> {
     let f = Flavor::Anthropic;
     let req: MessagesRequest = parse_request(body, f)?;
-    if req.max_tokens.is_none() {
+    let Some(requested) = req.max_tokens else {
         // Anthropic's API answers exactly this; its SDKs make the field mandatory too.
         return Err(ApiError::bad_request("max_tokens: Field required").flavor(f));
-    }
+    };
     let st = state.clone();
     let (req, (prompt, tools_active)) = blocking(f, move || {
         let p = prompt_of(&st, &req).map_err(|e| e.flavor(f))?;
@@ -83,14 +79,9 @@ pub async fn handler(
         .resolve(&state, false, 0, false)
         .map_err(|e| e.flavor(f))?;
     let (thinking_open, prompt) = (prompt.thinking_open, prompt.ids);
-    let max_tokens = plan_max_tokens(
-        &state,
-        prompt.len(),
-        req.max_tokens,
-        DEFAULT_MAX_TOKENS,
-        "max_tokens",
-    )
-    .map_err(|e| e.flavor(f))?;
+    // No default applies: the request always names its max_tokens.
+    let max_tokens = plan_max_tokens(&state, prompt.len(), Some(requested), 1, "max_tokens")
+        .map_err(|e| e.flavor(f))?;
     let input_tokens = prompt.len();
     let rx = submit(
         &state,
