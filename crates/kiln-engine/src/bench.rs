@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use kiln_model::backend::{Backend, BatchLayout, OpProfile};
+use kiln_model::backend::{Backend, BatchLayout, KvStore, OpProfile, SeqSpan};
 use serde::Serialize;
 
 use crate::{Engine, EngineError};
@@ -19,6 +19,9 @@ pub struct BenchConfig {
     /// Positions filled before each test (llama-bench's `-d`), so decode is measured against a
     /// cache of that length in the engine's KV scheme.
     pub depth: usize,
+    /// Sequences in each generation step, one KV slot each (the engine needs that many
+    /// slots); 1 is single-sequence decode.
+    pub batch: usize,
 }
 
 /// Results of one test over its repetitions.
@@ -106,13 +109,22 @@ impl<B: Backend> Engine<B> {
         } else {
             String::new()
         };
-        // The depth is filled once (it converts a quantized cache); each repetition cuts the
-        // cache back to it.
+        let batch = cfg.batch.max(1);
+        if batch > self.kv().layout().n_slots {
+            return Err(EngineError::Request(format!(
+                "a batch of {batch} needs {batch} KV slots; the engine has {}",
+                self.kv().layout().n_slots
+            )));
+        }
+        // The depth is filled once per slot (it converts a quantized cache); each repetition
+        // cuts the cache back to it.
         let fill = prompt_ids(cfg.depth + 1, vocab)[1..].to_vec();
         self.reset();
         let chunk = self.options().prefill_chunk;
-        for (i, part) in fill.chunks(chunk).enumerate() {
-            self.forward_raw(part, &BatchLayout::single(0, i * chunk, part.len()))?;
+        for slot in 0..batch {
+            for (i, part) in fill.chunks(chunk).enumerate() {
+                self.forward_batch(part, &BatchLayout::single(slot, i * chunk, part.len()))?;
+            }
         }
         let depth = cfg.depth;
         if cfg.prompt_tokens > 0 {
@@ -142,19 +154,37 @@ impl<B: Backend> Engine<B> {
                 if rep == 1 {
                     self.backend().take_profile();
                 }
-                self.truncate_cache(depth);
-                let mut token = prompt_ids(1, vocab)[0];
+                for slot in 0..batch {
+                    self.truncate_slot(slot, depth);
+                }
+                let mut tokens = vec![prompt_ids(1, vocab)[0]; batch];
                 let t = Instant::now();
                 for pos in depth..depth + cfg.gen_tokens {
-                    let logits = self.forward_raw(&[token], &BatchLayout::single(0, pos, 1))?;
-                    token = argmax(&logits);
+                    let layout = BatchLayout {
+                        spans: (0..batch)
+                            .map(|slot| SeqSpan {
+                                slot,
+                                start_pos: pos,
+                                n_tokens: 1,
+                            })
+                            .collect(),
+                    };
+                    let logits = self.forward_batch(&tokens, &layout)?;
+                    for (token, row) in tokens.iter_mut().zip(logits.chunks_exact(vocab)) {
+                        *token = argmax(row);
+                    }
                 }
                 if rep > 0 {
-                    samples.push(cfg.gen_tokens as f64 / t.elapsed().as_secs_f64());
+                    samples.push((batch * cfg.gen_tokens) as f64 / t.elapsed().as_secs_f64());
                 }
             }
+            let rows = if batch > 1 {
+                format!(" x{batch}")
+            } else {
+                String::new()
+            };
             results.push(summarize(
-                format!("tg{}{suffix}", cfg.gen_tokens),
+                format!("tg{}{rows}{suffix}", cfg.gen_tokens),
                 samples,
                 self.backend().take_profile(),
             ));

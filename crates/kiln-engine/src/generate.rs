@@ -1,19 +1,20 @@
 //! The generation loop: chunked prefill (reusing the slot's common prefix), then decode with
 //! sampling, EOS, stop strings and incremental detokenization.
 
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
 
 use kiln_model::arch::LogitsWanted;
 use kiln_model::backend::{Backend, BatchLayout, KvLayerState, KvLayout, KvStore};
 
 use crate::EngineError;
-use crate::detok::IncrementalDecoder;
+use crate::kv_scheme::memory::{CPU_KV_CAPS_SLIDING, KvGeometry};
 use crate::kv_scheme::{DenseDtype, KvModelShape, KvScheme};
 use crate::load::LoadedModel;
 use crate::prompt_cache::{PromptCache, PromptCacheStats};
-use crate::sampler::{Sampler, SamplingParams};
-use crate::stats::{GenerationStats, peak_rss_bytes, per_sec};
-use crate::stop::StopMatcher;
+use crate::sampler::SamplingParams;
+use crate::sched::{KvBudget, Lane, Scheduler, SequenceSink};
+use crate::sequence::check_fits;
+use crate::stats::GenerationStats;
 
 /// Engine-wide settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +26,13 @@ pub struct EngineOptions {
     /// How the KV cache is stored. The default is dense f16; a backend that stores f32 only
     /// (the naive reference backend) needs `KvScheme::dense(DenseDtype::F32)`.
     pub kv_scheme: KvScheme,
+    /// KV slots: the most sequences that run at once (`--parallel`).
+    pub slots: usize,
+    /// Most tokens one forward takes: every decoding sequence's token, then whole prefill
+    /// chunks up to this (one chunk always goes, so a prompt never starves).
+    pub batch_tokens: usize,
+    /// Bytes the KV cache (every slot and the prompt cache) may hold; `None`: no limit.
+    pub kv_budget_bytes: Option<u64>,
 }
 
 impl Default for EngineOptions {
@@ -33,6 +41,9 @@ impl Default for EngineOptions {
             context_len: 4096,
             prefill_chunk: 512,
             kv_scheme: KvScheme::dense(DenseDtype::default()),
+            slots: 1,
+            batch_tokens: 512,
+            kv_budget_bytes: None,
         }
     }
 }
@@ -76,12 +87,13 @@ pub struct GenerateRequest {
 }
 
 /// Why generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// An EOS token or a stop string.
     Stop,
     /// `max_tokens` or the context was reached.
+    #[default]
     Length,
     /// The caller asked to stop.
     Cancelled,
@@ -99,7 +111,7 @@ pub struct TokenLogprob {
 }
 
 /// The result of a generation.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct GenerateOutput {
     /// Generated ids (EOS excluded; tokens after a stop-string match included).
     pub tokens: Vec<u32>,
@@ -115,47 +127,50 @@ pub struct GenerateOutput {
     pub stats: GenerationStats,
 }
 
-/// A loaded model with its KV cache: runs one generation at a time.
+impl GenerateOutput {
+    /// Nothing generated yet.
+    pub fn empty() -> Self {
+        Self::default()
+    }
+}
+
+/// A loaded model with its KV slots and the scheduler that shares them between sequences
+/// (`crate::sched`).
 pub struct Engine<B: Backend> {
-    backend: B,
-    model: LoadedModel<B>,
-    kv: B::Kv,
-    options: EngineOptions,
-    /// Tokens whose KV slot 0 currently holds, so the next prompt can reuse a common prefix.
-    slot_tokens: Vec<u32>,
-    /// Saved prefixes other than the slot's (off unless enabled).
-    prompt_cache: Option<PromptCache>,
+    pub(crate) backend: B,
+    pub(crate) model: LoadedModel<B>,
+    pub(crate) kv: B::Kv,
+    pub(crate) options: EngineOptions,
+    /// Saved prefixes besides what free slots keep (off unless enabled).
+    pub(crate) prompt_cache: Option<PromptCache>,
+    pub(crate) sched: Scheduler,
 }
 
 impl<B: Backend> Engine<B> {
-    /// Wraps a loaded model, allocating its KV cache.
+    /// Wraps a loaded model, allocating its KV slots.
     pub fn new(
         backend: B,
         model: LoadedModel<B>,
         options: EngineOptions,
     ) -> Result<Self, EngineError> {
-        if options.context_len == 0 || options.prefill_chunk == 0 {
+        if options.context_len == 0
+            || options.prefill_chunk == 0
+            || options.slots == 0
+            || options.batch_tokens == 0
+        {
             return Err(EngineError::Request(
-                "context length and prefill chunk must be positive".into(),
+                "context length, prefill chunk, slots and batch tokens must be positive".into(),
             ));
         }
-        let cfg = &model.config;
-        let shape = KvModelShape::from_config(cfg);
-        options
-            .kv_scheme
-            .check_model(&shape, cfg.head_dim)
-            .map_err(|e| {
-                EngineError::Request(format!("KV scheme {}: {e}", options.kv_scheme.cache_key()))
-            })?;
-        let layout = KvLayout::for_model(cfg, 1, options.context_len);
-        let kv = backend.new_kv_planned(layout, &options.kv_scheme.plan(&shape))?;
+        let kv = new_store(&backend, &model, &options)?;
+        let sched = new_scheduler(&backend, &model, &options);
         Ok(Self {
             backend,
             model,
             kv,
             options,
-            slot_tokens: Vec::new(),
             prompt_cache: None,
+            sched,
         })
     }
 
@@ -174,18 +189,27 @@ impl<B: Backend> Engine<B> {
         &self.options
     }
 
+    /// The lane the KV scheme allows on this backend.
+    pub fn lane(&self) -> &Lane {
+        &self.sched.lane
+    }
+
     /// Replaces the KV cache with an empty one under `scheme` (saved prompts are dropped: they
-    /// hold the old scheme's data).
+    /// hold the old scheme's data). Refused while sequences are in flight.
     pub fn set_kv_scheme(&mut self, scheme: KvScheme) -> Result<(), EngineError> {
-        let cfg = &self.model.config;
-        let shape = KvModelShape::from_config(cfg);
-        scheme
-            .check_model(&shape, cfg.head_dim)
-            .map_err(|e| EngineError::Request(format!("KV scheme {}: {e}", scheme.cache_key())))?;
-        let layout = KvLayout::for_model(cfg, 1, self.options.context_len);
-        self.kv = self.backend.new_kv_planned(layout, &scheme.plan(&shape))?;
-        self.options.kv_scheme = scheme;
-        self.slot_tokens.clear();
+        if self.has_work() {
+            return Err(EngineError::Request(
+                "the KV scheme cannot change while sequences run".into(),
+            ));
+        }
+        let mut options = self.options.clone();
+        options.kv_scheme = scheme;
+        self.kv = new_store(&self.backend, &self.model, &options)?;
+        let (gate, reuse) = (self.sched.gate.clone(), self.sched.reuse_prefix);
+        self.sched = new_scheduler(&self.backend, &self.model, &options);
+        self.sched.gate = gate;
+        self.sched.reuse_prefix = reuse;
+        self.options = options;
         if let Some(cache) = &self.prompt_cache {
             self.prompt_cache = Some(PromptCache::new(cache.stats().max_bytes));
         }
@@ -197,10 +221,20 @@ impl<B: Backend> Engine<B> {
         &self.kv
     }
 
-    /// The KV cache's scheme, per-layer formats and current contents.
+    /// The KV cache's scheme, per-layer formats and current contents (`current`: the most
+    /// recently used slot).
     pub fn kv_report(&self) -> KvReport {
         let scheme = &self.options.kv_scheme;
         let plan = scheme.plan(&KvModelShape::from_config(&self.model.config));
+        let slots = &self.sched.slots.slots;
+        let current = self
+            .sched
+            .running
+            .first()
+            .and_then(|_| slots.iter().position(|s| s.owner.is_some()))
+            .or_else(|| (0..slots.len()).max_by_key(|&i| slots[i].last_used))
+            .unwrap_or(0);
+        let n = self.kv.layout().n_slots;
         KvReport {
             scheme: scheme.cache_key(),
             label: scheme.label(),
@@ -213,16 +247,21 @@ impl<B: Backend> Engine<B> {
                     None => KvLayerState::Dense(plan.dense).name(),
                 })
                 .collect(),
-            current: self.kv.layer_states(0).iter().map(|s| s.name()).collect(),
+            current: self
+                .kv
+                .layer_states(current)
+                .iter()
+                .map(|s| s.name())
+                .collect(),
             conversions: self.kv.conversions(),
-            positions: self.kv.seq_len(0),
-            bytes: self.kv.slot_bytes(0),
+            positions: (0..n).map(|i| self.kv.seq_len(i)).sum(),
+            bytes: (0..n).map(|i| self.kv.slot_bytes(i)).sum(),
             reserved_bytes: self.kv.allocated_bytes(),
         }
     }
 
     /// One forward of slot 0, then the conversion of every layer the scheme says is due.
-    fn step(
+    fn forward_slot0(
         &mut self,
         tokens: &[u32],
         batch: &BatchLayout,
@@ -233,17 +272,18 @@ impl<B: Backend> Engine<B> {
             .model
             .forward(&self.backend, &mut self.kv, tokens, batch, want)?;
         self.kv.convert_due(0)?;
+        self.sched.slots.wrote(0, self.kv.seq_len(0));
         Ok(logits)
     }
 
-    /// Positions of slot 0's KV that hold the previous request's tokens (prompt cache).
+    /// KV positions free slots keep for prefix reuse.
     pub fn cached_len(&self) -> usize {
-        self.slot_tokens.len()
+        self.sched.slots.parked_positions()
     }
 
     /// Keeps up to `max_bytes` of KV snapshots of earlier prompts (spec §11.1), so switching
-    /// between conversations re-prefills only the new turn; 0 turns the cache off (the slot's
-    /// own prefix is still reused).
+    /// between conversations re-prefills only the new turn; 0 turns the cache off (a free
+    /// slot's own prefix is still reused).
     pub fn set_prompt_cache_bytes(&mut self, max_bytes: usize) {
         self.prompt_cache = (max_bytes > 0).then(|| PromptCache::new(max_bytes));
     }
@@ -253,28 +293,68 @@ impl<B: Backend> Engine<B> {
         self.prompt_cache.as_ref().map(PromptCache::stats)
     }
 
-    /// Forgets the cached prefix.
+    /// Forgets every free slot's prefix (running sequences keep theirs).
     pub fn reset(&mut self) {
-        self.slot_tokens.clear();
-        self.kv.set_seq_len(0, 0);
+        for slot in 0..self.sched.slots.slots.len() {
+            if self.sched.slots.slots[slot].owner.is_none() {
+                self.kv.release(slot);
+                self.sched.slots.released(slot);
+            }
+        }
     }
 
     /// Cuts slot 0 back to its first `len` positions (benchmarks); converted layers stay
     /// converted, as they do when a prompt reuses a prefix.
     pub fn truncate_cache(&mut self, len: usize) {
-        self.slot_tokens.truncate(len);
+        self.sched.slots.slots[0].tokens.truncate(len);
         self.kv.set_seq_len(0, len.min(self.kv.seq_len(0)));
     }
 
+    /// Cuts `slot` back to its first `len` positions (benchmarks of batched decode).
+    pub fn truncate_slot(&mut self, slot: usize, len: usize) {
+        if let Some(s) = self.sched.slots.slots.get_mut(slot) {
+            s.tokens.truncate(len);
+        }
+        self.kv.set_seq_len(slot, len.min(self.kv.seq_len(slot)));
+    }
+
     /// One forward of slot 0 returning the last position's logits, without prompt bookkeeping
-    /// (benchmarks); call [`Engine::reset`] before reusing the engine for generation.
+    /// (benchmarks, with no sequence in flight); call [`Engine::reset`] before reusing the
+    /// engine for generation.
     pub fn forward_raw(
         &mut self,
         tokens: &[u32],
         batch: &BatchLayout,
     ) -> Result<Vec<f32>, EngineError> {
-        self.slot_tokens.clear();
-        self.step(tokens, batch, LogitsWanted::LastOfEach)
+        self.sched.slots.slots[0].tokens.clear();
+        self.forward_batch(tokens, batch)
+    }
+
+    /// One forward of any layout over the engine's slots, returning the last position's logits
+    /// of each span, then the conversions due in every slot it touched (benchmarks of batched
+    /// decode, with no sequence in flight).
+    pub fn forward_batch(
+        &mut self,
+        tokens: &[u32],
+        batch: &BatchLayout,
+    ) -> Result<Vec<f32>, EngineError> {
+        if batch.spans.len() == 1 && batch.spans[0].slot == 0 {
+            return self.forward_slot0(tokens, batch, LogitsWanted::LastOfEach);
+        }
+        let logits = self.model.model.forward(
+            &self.backend,
+            &mut self.kv,
+            tokens,
+            batch,
+            LogitsWanted::LastOfEach,
+        )?;
+        for span in &batch.spans {
+            self.kv.convert_due(span.slot)?;
+            self.sched
+                .slots
+                .wrote(span.slot, self.kv.seq_len(span.slot));
+        }
+        Ok(logits)
     }
 
     /// Logits for every position of `tokens`, computed from an empty cache (evaluation) in
@@ -290,7 +370,7 @@ impl<B: Backend> Engine<B> {
         tokens: &[u32],
         chunk: usize,
     ) -> Result<Vec<f32>, EngineError> {
-        self.check_fits(tokens.len())?;
+        check_fits(tokens.len(), self.options.context_len)?;
         if chunk == 0 {
             return Err(EngineError::Request("the chunk must be positive".into()));
         }
@@ -298,161 +378,105 @@ impl<B: Backend> Engine<B> {
         let mut out = Vec::with_capacity(tokens.len() * self.model.config.vocab_size);
         for (i, part) in tokens.chunks(chunk).enumerate() {
             let batch = BatchLayout::single(0, i * chunk, part.len());
-            out.extend(self.step(part, &batch, LogitsWanted::All)?);
+            out.extend(self.forward_slot0(part, &batch, LogitsWanted::All)?);
         }
-        self.slot_tokens = tokens.to_vec();
+        self.sched.slots.slots[0].tokens = tokens.to_vec();
         Ok(out)
     }
 
-    fn check_fits(&self, prompt: usize) -> Result<(), EngineError> {
-        if prompt == 0 {
-            return Err(EngineError::Request("the prompt is empty".into()));
-        }
-        if prompt >= self.options.context_len {
-            return Err(EngineError::Request(format!(
-                "the prompt has {prompt} tokens; the context holds {} (prompt plus at least one generated token)",
-                self.options.context_len
-            )));
-        }
-        Ok(())
-    }
-
-    /// Prefills the prompt, reusing the longest prefix already in the cache; returns the
-    /// last position's logits and how many prompt tokens were reused.
-    fn prefill(&mut self, prompt: &[u32]) -> Result<(Vec<f32>, usize), EngineError> {
-        // At least one token must be computed to get logits.
-        let mut common = self
-            .slot_tokens
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(prompt.len() - 1);
-        if let Some(cache) = self.prompt_cache.as_mut() {
-            common = cache.swap_in(&mut self.kv, &mut self.slot_tokens, prompt, common);
-        }
-        self.slot_tokens.truncate(common);
-        let mut logits = Vec::new();
-        let mut pos = common;
-        for chunk in prompt[common..].chunks(self.options.prefill_chunk) {
-            let batch = BatchLayout::single(0, pos, chunk.len());
-            logits = self.step(chunk, &batch, LogitsWanted::LastOfEach)?;
-            pos += chunk.len();
-            self.slot_tokens.extend_from_slice(chunk);
-        }
-        Ok((logits, common))
-    }
-
-    /// Generates for `req`, calling `on_text` with each piece of text that is safe to show;
-    /// `on_text` returning `false` cancels.
+    /// Generates for `req` alone (with whatever else is queued), calling `on_text` with each
+    /// piece of text that is safe to show; `on_text` returning `false` cancels.
     pub fn generate(
         &mut self,
         req: &GenerateRequest,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<GenerateOutput, EngineError> {
-        let started = Instant::now();
-        self.check_fits(req.prompt.len())?;
-        let vocab = self.model.config.vocab_size;
-        req.sampling.validate_for_vocab(vocab)?;
-        let mut xtc_special = self.model.eos_ids.clone();
-        xtc_special.extend(self.model.tokenizer.encode("\n", false)?);
-        let mut sampler = Sampler::new(req.sampling.clone(), xtc_special)?;
-        let mut stops = StopMatcher::new(req.stop.clone())?;
-        let mut detok =
-            IncrementalDecoder::with_context(self.model.hf_tokenizer.clone(), true, &req.prompt);
+        let shared = Arc::new(Mutex::new(Collected::default()));
+        self.add(req, Box::new(CollectSink(shared.clone())))?;
+        loop {
+            let stepped = self.step();
+            let mut c = shared.lock().unwrap_or_else(|p| p.into_inner());
+            for piece in std::mem::take(&mut c.pieces) {
+                if !c.closed && !on_text(&piece) {
+                    c.closed = true;
+                }
+            }
+            // A forward error is returned as itself, not as the sink's message of it.
+            stepped?;
+            if let Some(result) = c.result.take() {
+                return result;
+            }
+        }
+    }
+}
 
-        let (mut logits, cached) = self.prefill(&req.prompt)?;
-        let prefill_secs = started.elapsed().as_secs_f64();
-        let mut history: Vec<u32> = req.prompt.clone();
-        let mut out = GenerateOutput {
-            tokens: vec![],
-            text: String::new(),
-            finish_reason: FinishReason::Length,
-            stop_index: None,
-            logprobs: vec![],
-            stats: GenerationStats::default(),
-        };
-        let mut first_token_at = None;
-        let room = self.options.context_len - req.prompt.len();
-        let budget = req.max_tokens.min(room);
-        let mut cancelled = false;
-        for step in 0..budget {
-            sampler.set_step(step as u64);
-            let picked = sampler.sample(&mut logits, &history);
-            first_token_at.get_or_insert_with(Instant::now);
-            if !req.ignore_eos && self.model.eos_ids.contains(&picked.id) {
-                out.finish_reason = FinishReason::Stop;
-                break;
-            }
-            out.tokens.push(picked.id);
-            history.push(picked.id);
-            if let Some(lp) = picked.logprob {
-                out.logprobs.push(TokenLogprob {
-                    id: picked.id,
-                    logprob: lp,
-                    top: picked.top_logprobs.clone(),
-                });
-            }
-            let piece = detok
-                .push(picked.id)
-                .map_err(|e| EngineError::Detok(e.to_string()))?;
-            let released = stops.push(&piece);
-            out.text.push_str(&released.emit);
-            if !released.emit.is_empty() && !on_text(&released.emit) {
-                cancelled = true;
-            }
-            if let Some(i) = released.stopped {
-                out.stop_index = Some(i);
-                out.finish_reason = FinishReason::Stop;
-                break;
-            }
-            if cancelled {
-                out.finish_reason = FinishReason::Cancelled;
-                break;
-            }
-            if step + 1 == budget {
-                break;
-            }
-            let pos = self.slot_tokens.len();
-            logits = self.step(
-                &[picked.id],
-                &BatchLayout::single(0, pos, 1),
-                LogitsWanted::LastOfEach,
-            )?;
-            self.slot_tokens.push(picked.id);
-        }
-        if out.stop_index.is_none() && !cancelled {
-            let rest = detok
-                .flush()
-                .map_err(|e| EngineError::Detok(e.to_string()))?;
-            let released = stops.push(&rest);
-            let mut tail = released.emit;
-            if let Some(i) = released.stopped {
-                out.stop_index = Some(i);
-                out.finish_reason = FinishReason::Stop;
-            } else {
-                tail.push_str(&stops.finish());
-            }
-            if !tail.is_empty() {
-                on_text(&tail);
-            }
-            out.text.push_str(&tail);
-        }
-        let end = Instant::now();
-        let ttft = first_token_at.map_or(0.0, |t| (t - started).as_secs_f64());
-        let decode_secs = first_token_at.map_or(0.0, |t| (end - t).as_secs_f64());
-        let computed = req.prompt.len() - cached;
-        out.stats = GenerationStats {
-            prompt_tokens: req.prompt.len(),
-            cached_tokens: cached,
-            generated_tokens: out.tokens.len(),
-            prefill_secs,
-            decode_secs,
-            time_to_first_token_secs: ttft,
-            prompt_tokens_per_sec: per_sec(computed, prefill_secs),
-            decode_tokens_per_sec: per_sec(out.tokens.len().saturating_sub(1), decode_secs),
-            peak_rss_bytes: peak_rss_bytes(),
-        };
-        Ok(out)
+/// The KV store `options` describe for `model` on `backend`.
+fn new_store<B: Backend>(
+    backend: &B,
+    model: &LoadedModel<B>,
+    options: &EngineOptions,
+) -> Result<B::Kv, EngineError> {
+    let cfg = &model.config;
+    let shape = KvModelShape::from_config(cfg);
+    let scheme = &options.kv_scheme;
+    scheme
+        .check_model(&shape, cfg.head_dim)
+        .map_err(|e| EngineError::Request(format!("KV scheme {}: {e}", scheme.cache_key())))?;
+    let layout = KvLayout::for_model(cfg, options.slots, options.context_len);
+    Ok(backend.new_kv_planned(layout, &scheme.plan(&shape))?)
+}
+
+/// The scheduler `options` describe: its lane from the scheme and the backend, its budget.
+fn new_scheduler<B: Backend>(
+    backend: &B,
+    model: &LoadedModel<B>,
+    options: &EngineOptions,
+) -> Scheduler {
+    let cfg = &model.config;
+    let shape = KvModelShape::from_config(cfg);
+    let lane = Lane::for_backend(backend, &options.kv_scheme, &shape, cfg.head_dim);
+    let mut sched = Scheduler::new(options.slots, lane, options.batch_tokens);
+    sched.budget = options.kv_budget_bytes.map(|room| {
+        let geometry = KvGeometry::new(cfg, &options.kv_scheme, CPU_KV_CAPS_SLIDING);
+        KvBudget::new(room, geometry, options.prefill_chunk)
+    });
+    sched
+}
+
+/// What [`Engine::generate`]'s sequence reported.
+#[derive(Default)]
+struct Collected {
+    pieces: Vec<String>,
+    closed: bool,
+    result: Option<Result<GenerateOutput, EngineError>>,
+}
+
+struct CollectSink(Arc<Mutex<Collected>>);
+
+impl CollectSink {
+    fn with<T>(&self, f: impl FnOnce(&mut Collected) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl SequenceSink for CollectSink {
+    fn text(&mut self, piece: &str) -> bool {
+        self.with(|c| {
+            c.pieces.push(piece.to_owned());
+            !c.closed
+        })
+    }
+
+    fn is_closed(&self) -> bool {
+        self.with(|c| c.closed)
+    }
+
+    fn finished(&mut self, out: GenerateOutput) {
+        self.with(|c| c.result = Some(Ok(out)));
+    }
+
+    fn failed(&mut self, message: &str) {
+        let message = message.to_owned();
+        self.with(|c| c.result = Some(Err(EngineError::Request(message))));
     }
 }

@@ -1,7 +1,7 @@
-//! Inference engine: model loading for generation, the generation loop, sampling and the text
-//! side of generation (stop strings, incremental detokenisation), benchmarks. The scheduler
-//! for continuous batching will live here too; the KV storage itself belongs to the backend and
-//! is owned by [`generate::Engine`], never by model code.
+//! Inference engine: model loading for generation, the scheduler that batches sequences
+//! (`sched`: continuous batching over KV slots), sampling and the text side of generation (stop
+//! strings, incremental detokenisation), benchmarks. The KV storage itself belongs to the
+//! backend and is owned by [`generate::Engine`], never by model code.
 
 pub mod bench;
 pub mod detok;
@@ -12,6 +12,8 @@ pub mod kv_scheme;
 pub mod load;
 pub mod prompt_cache;
 pub mod sampler;
+pub mod sched;
+mod sequence;
 pub mod stats;
 pub mod stop;
 
@@ -20,3 +22,4 @@ pub use generate::{
     Engine, EngineOptions, FinishReason, GenerateOutput, GenerateRequest, KvReport,
 };
 pub use load::{LoadedModel, load_model};
+pub use sched::{SchedulerStats, SequenceSink, StartGate, StepReport};

@@ -121,24 +121,43 @@ impl PromptCache {
         self.stats.bytes = self.bytes();
     }
 
-    /// Consults the cache before slot 0 of `kv` (holding `slot_tokens`) is overwritten past
+    /// Drops the least recently used entry (to make room for running sequences); false when
+    /// the cache is empty.
+    pub fn evict_oldest(&mut self) -> bool {
+        let oldest = self
+            .entries
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, e)| e.last_used)
+            .map(|(i, _)| i);
+        let Some(i) = oldest else {
+            return false;
+        };
+        self.entries.swap_remove(i);
+        self.stats.evictions += 1;
+        self.refresh();
+        true
+    }
+
+    /// Consults the cache before `slot` of `kv` (holding `slot_tokens`) is overwritten past
     /// `common`: saves the slot's contents, and restores a saved entry that shares more of
     /// `prompt`. Returns the prefix length now valid in the slot.
     pub fn swap_in<K: KvStore>(
         &mut self,
         kv: &mut K,
+        slot: usize,
         slot_tokens: &mut Vec<u32>,
         prompt: &[u32],
         common: usize,
     ) -> usize {
         let taken = self.take(prompt, common);
         if (taken.is_some() || common < slot_tokens.len())
-            && let Some(snap) = kv.export_prefix(0, slot_tokens.len())
+            && let Some(snap) = kv.export_prefix(slot, slot_tokens.len())
         {
             self.put(slot_tokens.clone(), snap);
         }
         match taken {
-            Some((tokens, snap, p)) if kv.import_prefix(0, &snap, p) => {
+            Some((tokens, snap, p)) if kv.import_prefix(slot, &snap, p) => {
                 *slot_tokens = tokens[..p].to_vec();
                 p
             }

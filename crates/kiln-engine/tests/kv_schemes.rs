@@ -183,6 +183,7 @@ fn quality_against_the_dense_cache_over_kl_text() {
         prefill_chunk: 32,
         // The reference: exactly the activations.
         kv_scheme: KvScheme::dense(DenseDtype::F32),
+        ..EngineOptions::default()
     };
     let mut e = Engine::new(backend, model, options).expect("engine");
     let tokens = kl_tokens(&e);

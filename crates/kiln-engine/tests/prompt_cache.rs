@@ -77,3 +77,35 @@ fn without_the_cache_only_the_slot_is_reused() {
     assert!(again.stats.cached_tokens <= 1);
     assert!(e.prompt_cache_stats().is_none());
 }
+
+/// With several slots and no prompt cache, each conversation comes back to the slot that kept
+/// its prefix (llama.cpp's slot choice), and the output matches a cold engine's.
+#[test]
+fn each_conversation_returns_to_the_slot_with_its_prefix() {
+    let path = kiln_hub::ensure_starter_model(false).expect("starter model");
+    let backend = CpuBackend::new(CpuOptions { dense: false });
+    let model = load_model(&backend, &path).expect("load");
+    let options = EngineOptions {
+        context_len: 256,
+        prefill_chunk: 32,
+        slots: 2,
+        ..EngineOptions::default()
+    };
+    let mut e = Engine::new(backend, model, options).expect("engine");
+    let a = greedy(
+        &e,
+        "The old lighthouse keeper climbed the stairs every night and",
+    );
+    let b = greedy(
+        &e,
+        "In a small village at the edge of the forest there lived",
+    );
+    let a1 = e.generate(&a, |_| true).unwrap();
+    e.generate(&b, |_| true).unwrap();
+    let a2 = e.generate(&a, |_| true).unwrap();
+    let b2 = e.generate(&b, |_| true).unwrap();
+    assert_eq!(a2.stats.cached_tokens, a.prompt.len() - 1);
+    assert_eq!(b2.stats.cached_tokens, b.prompt.len() - 1);
+    assert_eq!(a2.tokens, a1.tokens);
+    assert!(e.prompt_cache_stats().is_none());
+}

@@ -266,6 +266,22 @@ impl JobHost {
         }
     }
 
+    /// Admits one generation now, or `None` under [`JobPolicy::Exclusive`] while a heavy job
+    /// holds or waits for the lease (running generations finish first, then the job starts).
+    pub fn try_inference_gate(&self) -> Option<InferencePermit> {
+        if self.inner.cfg.policy == JobPolicy::Shared {
+            return Some(InferencePermit {
+                _guard: None,
+                waited_for: None,
+            });
+        }
+        let guard = self.inner.cfg.lease.try_admit_inference()?;
+        Some(InferencePermit {
+            _guard: Some(guard),
+            waited_for: None,
+        })
+    }
+
     /// Admits one generation. Under [`JobPolicy::Exclusive`] this waits while a
     /// heavy job holds or has reserved the lease; under `Shared` it never waits.
     pub async fn inference_gate(&self) -> InferencePermit {

@@ -149,6 +149,12 @@ impl ExecutionLease {
         self.gate.clone().write_owned().await
     }
 
+    /// Admits one generation now, or `None` while a heavy job holds or waits for the permit
+    /// (a waiting writer takes every free permit, so new readers are refused: a drain).
+    pub(crate) fn try_admit_inference(&self) -> Option<OwnedRwLockReadGuard<()>> {
+        self.gate.clone().try_read_owned().ok()
+    }
+
     /// Waits until no heavy job holds the permit, then admits one generation.
     /// Returns the guard and the job it waited for, if it had to wait.
     pub(crate) async fn admit_inference(&self) -> (OwnedRwLockReadGuard<()>, Option<String>) {
@@ -218,5 +224,31 @@ mod tests {
         drop(a);
         assert_eq!(lease.holder().as_deref(), Some("b"));
         assert!(lease.queued().is_empty());
+    }
+
+    /// The drain `--job-policy exclusive` relies on: once a heavy job waits for the permit, no
+    /// new generation is admitted; the running one finishes, then the job gets the permit.
+    #[tokio::test]
+    async fn a_waiting_job_stops_new_generations_until_it_ran() {
+        let lease = ExecutionLease::new();
+        let running = lease.try_admit_inference().expect("free at first");
+        let l = lease.clone();
+        let job = tokio::spawn(async move {
+            let permit = l.acquire_permit().await;
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            drop(permit);
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(
+            lease.try_admit_inference().is_none(),
+            "a new generation started while the job waited"
+        );
+        assert!(!job.is_finished());
+        drop(running);
+        job.await.expect("job ran");
+        assert!(
+            lease.try_admit_inference().is_some(),
+            "free again after the job"
+        );
     }
 }

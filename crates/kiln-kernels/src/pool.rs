@@ -381,6 +381,40 @@ pub fn for_each_chunk_mut_last_first<T: Send>(
     });
 }
 
+/// Runs `f(index, piece)` for each of `pieces` (ascending, non-overlapping ranges of `data`),
+/// one piece per task, the last piece first (as [`for_each_chunk_mut_last_first`]): pieces
+/// of uneven length, such as the blocks of several sequences' prompts in one batch.
+///
+/// # Panics
+/// If the ranges are not ascending, overlap, or run past `data`.
+pub fn for_each_piece_mut_last_first<T: Send>(
+    data: &mut [T],
+    pieces: &[std::ops::Range<usize>],
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let mut end = 0;
+    for r in pieces {
+        assert!(
+            r.start >= end && r.start <= r.end && r.end <= data.len(),
+            "pieces must be ascending, disjoint ranges inside the slice"
+        );
+        end = r.end;
+    }
+    if pieces.is_empty() {
+        return;
+    }
+    let base = SendPtr(data.as_mut_ptr());
+    let n = pieces.len();
+    global().run(n, &|t| {
+        let i = n - 1 - t;
+        let r = &pieces[i];
+        // SAFETY: the ranges were checked above to be disjoint and inside `data`, which is
+        // borrowed mutably for the whole call; `run` returns only after every task finished.
+        let piece = unsafe { std::slice::from_raw_parts_mut(base.get().add(r.start), r.len()) };
+        f(i, piece);
+    });
+}
+
 /// Splits `data` into `chunk`-sized pieces (the last may be shorter) and runs
 /// `f(index, piece)` for each on the process-wide pool, grouping pieces so each task gets at
 /// least `min_per_task` of them.

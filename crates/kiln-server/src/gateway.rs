@@ -1,31 +1,51 @@
 //! The generation gateway: the engine runs on its own OS thread and receives typed requests over
-//! a bounded channel, one generation at a time; text streams back over a tokio channel. The HTTP
-//! side never touches the engine, so continuous batching can later replace the loop behind
-//! [`Gateway::submit`] without changing a handler.
+//! a bounded channel; its scheduler (`kiln_engine::sched`) batches them, and each request's text
+//! streams back over its own tokio channel. The HTTP side never touches the engine: it adds a
+//! request, drops its receiver to cancel, and reads events.
 
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use kiln_engine::prompt_cache::PromptCacheStats;
-use kiln_engine::{Engine, EngineError, GenerateOutput, GenerateRequest, KvReport};
+use kiln_engine::{
+    Engine, EngineError, GenerateOutput, GenerateRequest, KvReport, SchedulerStats, SequenceSink,
+    StartGate, StepReport,
+};
 use kiln_model::backend::Backend;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-/// Something that generates: the engine, or a scripted stand-in in tests.
+/// Something that generates, step by step: the engine's scheduler, or a one-at-a-time stand-in
+/// ([`Serial`]) in tests.
 pub trait Generator: Send + 'static {
-    /// Runs one request; `on_text` gets each displayable piece and returns `false` to cancel.
-    fn generate(
+    /// Queues a request; its events go to `sink`. `Err` refuses it before any compute.
+    fn add(
         &mut self,
         req: &GenerateRequest,
-        on_text: &mut dyn FnMut(&str) -> bool,
-    ) -> Result<GenerateOutput, EngineError>;
-    /// KV positions currently holding a cached prefix.
-    fn kv_used(&self) -> usize;
-    /// Forgets any cached state (after a failure).
-    fn reset(&mut self);
+        sink: Box<dyn SequenceSink>,
+    ) -> Result<(), EngineError>;
+    /// Runs one step (one forward for the engine).
+    fn step(&mut self) -> Result<StepReport, EngineError>;
+    /// Whether anything is queued or running.
+    fn has_work(&self) -> bool;
+    /// Fails every running request (after a panic inside a step).
+    fn fail_running(&mut self, message: &str);
+    /// Gates the start of new requests (`--job-policy exclusive`).
+    fn set_start_gate(&mut self, gate: Arc<dyn StartGate>) {
+        let _ = gate;
+    }
+    /// Whether a request may start from a cached prefix (`--prompt-cache-bytes 0`: no).
+    fn set_prefix_reuse(&mut self, reuse: bool) {
+        let _ = reuse;
+    }
+    /// KV positions free slots keep for reuse.
+    fn kv_used(&self) -> usize {
+        0
+    }
     /// Prompt-cache counters, when there is a cache.
     fn cache_stats(&self) -> Option<PromptCacheStats> {
         None
@@ -34,26 +54,46 @@ pub trait Generator: Send + 'static {
     fn kv_report(&self) -> Option<KvReport> {
         None
     }
+    /// The scheduler's counters, when there is a scheduler.
+    fn scheduler_stats(&self) -> Option<SchedulerStats> {
+        None
+    }
 }
 
 impl<B: Backend + 'static> Generator for Engine<B>
 where
     Engine<B>: Send,
 {
-    fn generate(
+    fn add(
         &mut self,
         req: &GenerateRequest,
-        on_text: &mut dyn FnMut(&str) -> bool,
-    ) -> Result<GenerateOutput, EngineError> {
-        Engine::generate(self, req, on_text)
+        sink: Box<dyn SequenceSink>,
+    ) -> Result<(), EngineError> {
+        Engine::add(self, req, sink).map(|_| ())
+    }
+
+    fn step(&mut self) -> Result<StepReport, EngineError> {
+        Engine::step(self)
+    }
+
+    fn has_work(&self) -> bool {
+        Engine::has_work(self)
+    }
+
+    fn fail_running(&mut self, message: &str) {
+        Engine::fail_running(self, message)
+    }
+
+    fn set_start_gate(&mut self, gate: Arc<dyn StartGate>) {
+        Engine::set_start_gate(self, gate)
+    }
+
+    fn set_prefix_reuse(&mut self, reuse: bool) {
+        Engine::set_prefix_reuse(self, reuse)
     }
 
     fn kv_used(&self) -> usize {
         self.cached_len()
-    }
-
-    fn reset(&mut self) {
-        Engine::reset(self)
     }
 
     fn cache_stats(&self) -> Option<PromptCacheStats> {
@@ -62,6 +102,83 @@ where
 
     fn kv_report(&self) -> Option<KvReport> {
         Some(Engine::kv_report(self))
+    }
+
+    fn scheduler_stats(&self) -> Option<SchedulerStats> {
+        Some(Engine::scheduler_stats(self))
+    }
+}
+
+/// A generator that runs one request at a time to the end (scripted stand-ins in tests).
+pub trait OneAtATime: Send + 'static {
+    /// Runs one request; `on_text` gets each displayable piece and returns `false` to cancel.
+    fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<GenerateOutput, EngineError>;
+}
+
+/// A [`OneAtATime`] generator behind the step interface: each step runs one queued request.
+pub struct Serial<G> {
+    inner: G,
+    queue: VecDeque<(GenerateRequest, Box<dyn SequenceSink>)>,
+    gate: Option<Arc<dyn StartGate>>,
+}
+
+impl<G> Serial<G> {
+    /// Wraps `inner`.
+    pub fn new(inner: G) -> Self {
+        Self {
+            inner,
+            queue: VecDeque::new(),
+            gate: None,
+        }
+    }
+}
+
+impl<G: OneAtATime> Generator for Serial<G> {
+    fn add(
+        &mut self,
+        req: &GenerateRequest,
+        sink: Box<dyn SequenceSink>,
+    ) -> Result<(), EngineError> {
+        self.queue.push_back((req.clone(), sink));
+        Ok(())
+    }
+
+    fn step(&mut self) -> Result<StepReport, EngineError> {
+        self.queue.retain(|(_, sink)| !sink.is_closed());
+        let permit = match &self.gate {
+            Some(g) => match g.try_start() {
+                Some(p) => Some(p),
+                None => return Ok(StepReport::default()),
+            },
+            None => None,
+        };
+        let Some((req, mut sink)) = self.queue.pop_front() else {
+            return Ok(StepReport::default());
+        };
+        let result = self.inner.generate(&req, &mut |t| sink.text(t));
+        drop(permit);
+        match result {
+            Ok(out) => sink.finished(out),
+            Err(e) => sink.failed(&e.to_string()),
+        }
+        Ok(StepReport {
+            sequences: 1,
+            tokens: 1,
+        })
+    }
+
+    fn has_work(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    fn fail_running(&mut self, _message: &str) {}
+
+    fn set_start_gate(&mut self, gate: Arc<dyn StartGate>) {
+        self.gate = Some(gate);
     }
 }
 
@@ -90,10 +207,12 @@ pub enum GatewayError {
 /// Live counters, read by `/stats` and `/metrics`.
 #[derive(Debug, Default)]
 pub struct GatewayMetrics {
-    /// Requests generating now (0 or 1).
+    /// Requests in the running batch.
     pub running: AtomicUsize,
-    /// Requests queued.
+    /// Requests queued (preempted ones included).
     pub waiting: AtomicUsize,
+    /// Requests accepted and not yet finished (running, waiting, or on their way in).
+    pub in_flight: AtomicUsize,
     /// KV positions holding the cached prefix.
     pub kv_used: AtomicUsize,
     /// Requests finished (any reason).
@@ -122,8 +241,10 @@ pub struct GatewayMetrics {
     pub cache_bytes: AtomicUsize,
     /// Entries evicted to stay under the cap.
     pub cache_evictions: AtomicU64,
-    /// The KV cache after the last request (scheme, per-layer formats, conversions).
+    /// The KV cache after the last step (scheme, per-layer formats, conversions).
     pub kv_report: Mutex<Option<KvReport>>,
+    /// The scheduler after the last step (lane, batch sizes, preemptions, memory bill).
+    pub scheduler: Mutex<Option<SchedulerStats>>,
 }
 
 struct Job {
@@ -131,12 +252,36 @@ struct Job {
     events: UnboundedSender<Event>,
 }
 
-/// Decides when a generation may start; the returned guard is held for the generation's whole
-/// life. The job host implements it for `--job-policy exclusive` (generations wait while a heavy
-/// job runs); the call blocks the engine thread, which is what waiting means here.
-pub trait Admission: Send + Sync {
-    /// Blocks until a generation may start.
-    fn admit(&self) -> Box<dyn Send>;
+/// Hands a request's events to its HTTP handler and counts them.
+struct GatewaySink {
+    events: UnboundedSender<Event>,
+    metrics: Arc<GatewayMetrics>,
+}
+
+impl SequenceSink for GatewaySink {
+    fn text(&mut self, piece: &str) -> bool {
+        self.events.send(Event::Text(piece.to_owned())).is_ok()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    fn finished(&mut self, out: GenerateOutput) {
+        record(&self.metrics, &out);
+        let _ = self.events.send(Event::Done(Box::new(out)));
+    }
+
+    fn failed(&mut self, message: &str) {
+        self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+        let _ = self.events.send(Event::Failed(message.to_owned()));
+    }
+}
+
+impl Drop for GatewaySink {
+    fn drop(&mut self) {
+        self.metrics.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Handle to the engine thread.
@@ -149,12 +294,12 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Starts the engine thread; at most `queue` requests wait behind the running one. With an
-    /// `admission`, each generation first waits for its permit.
+    /// Starts the engine thread; at most `queue` requests wait beyond those the generator
+    /// runs at once. With an `admission` gate, new requests start only when it allows.
     pub fn start<G: Generator>(
         generator: G,
         queue: usize,
-        admission: Option<Arc<dyn Admission>>,
+        admission: Option<Arc<dyn StartGate>>,
     ) -> Self {
         Self::start_with(generator, queue, admission, true)
     }
@@ -162,41 +307,53 @@ impl Gateway {
     /// [`Gateway::start`]; with `reuse_prefix` false every request starts from an empty cache
     /// (`--prompt-cache-bytes 0`).
     pub fn start_with<G: Generator>(
-        generator: G,
+        mut generator: G,
         queue: usize,
-        admission: Option<Arc<dyn Admission>>,
+        admission: Option<Arc<dyn StartGate>>,
         reuse_prefix: bool,
     ) -> Self {
-        let (tx, rx) = sync_channel::<Job>(queue.max(1));
+        if let Some(gate) = admission {
+            generator.set_start_gate(gate);
+        }
+        generator.set_prefix_reuse(reuse_prefix);
+        let running_max = generator
+            .scheduler_stats()
+            .map_or(1, |s| s.max_sequences.max(1));
+        let capacity = queue.max(1) + running_max;
+        let (tx, rx) = sync_channel::<Job>(capacity);
         let metrics = Arc::new(GatewayMetrics::default());
         let m = metrics.clone();
         let thread = std::thread::Builder::new()
             .name("kiln-engine".into())
-            .spawn(move || engine_loop(generator, rx, &m, reuse_prefix, admission.as_deref()))
+            .spawn(move || engine_loop(generator, rx, &m))
             .ok();
         Self {
             tx: Mutex::new(thread.as_ref().map(|_| tx)),
             thread: Mutex::new(thread),
-            capacity: queue.max(1),
+            capacity,
             metrics,
         }
     }
 
     /// Queues `req`; events arrive on the returned receiver. Dropping the receiver cancels the
-    /// request (at once when running, on dequeue when waiting).
+    /// request at the engine's next step, whether it runs, prefills or waits.
     pub fn submit(&self, req: GenerateRequest) -> Result<UnboundedReceiver<Event>, GatewayError> {
         let guard = self.tx.lock().map_err(|_| GatewayError::Closed)?;
         let tx = guard.as_ref().ok_or(GatewayError::Closed)?;
+        let m = &self.metrics;
+        if m.in_flight.fetch_add(1, Ordering::SeqCst) >= self.capacity {
+            m.in_flight.fetch_sub(1, Ordering::SeqCst);
+            m.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(GatewayError::Busy(self.capacity));
+        }
         let (events, rx) = unbounded_channel();
-        // Counted before sending so the engine thread never decrements below zero.
-        self.metrics.waiting.fetch_add(1, Ordering::SeqCst);
         match tx.try_send(Job { req, events }) {
             Ok(()) => Ok(rx),
             Err(e) => {
-                self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
+                m.in_flight.fetch_sub(1, Ordering::SeqCst);
                 match e {
                     TrySendError::Full(_) => {
-                        self.metrics.rejected.fetch_add(1, Ordering::Relaxed);
+                        m.rejected.fetch_add(1, Ordering::Relaxed);
                         Err(GatewayError::Busy(self.capacity))
                     }
                     TrySendError::Disconnected(_) => Err(GatewayError::Closed),
@@ -210,12 +367,12 @@ impl Gateway {
         self.tx.lock().map(|g| g.is_some()).unwrap_or(false)
     }
 
-    /// Most requests that may wait.
+    /// Most requests accepted at once (running plus waiting).
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
-    /// Stops accepting requests, lets queued ones finish, and joins the engine thread.
+    /// Stops accepting requests, lets accepted ones finish, and joins the engine thread.
     pub fn shutdown(&self) {
         if let Ok(mut g) = self.tx.lock() {
             g.take();
@@ -227,65 +384,94 @@ impl Gateway {
     }
 }
 
-fn engine_loop<G: Generator>(
-    mut generator: G,
-    rx: Receiver<Job>,
-    m: &GatewayMetrics,
-    reuse_prefix: bool,
-    admission: Option<&dyn Admission>,
-) {
-    publish_kv(m, &generator);
-    while let Ok(job) = rx.recv() {
-        m.waiting.fetch_sub(1, Ordering::SeqCst);
-        if job.events.is_closed() {
-            // Its client left while it waited: skip it without computing anything.
-            m.cancelled.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        let _permit = admission.map(|a| a.admit());
-        if job.events.is_closed() {
-            m.cancelled.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        if !reuse_prefix {
-            generator.reset();
-        }
-        m.running.store(1, Ordering::SeqCst);
-        let events = job.events.clone();
-        let mut on_text = |piece: &str| events.send(Event::Text(piece.to_owned())).is_ok();
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            generator.generate(&job.req, &mut on_text)
-        }));
-        let event = match result {
-            Ok(Ok(out)) => {
-                record(m, &out);
-                Event::Done(Box::new(out))
+/// How long the engine thread sleeps when work is queued but nothing may run (a heavy job
+/// holds the gate, or memory is short until a running request ends).
+const BLOCKED_POLL: Duration = Duration::from_millis(10);
+
+/// How often the engine thread refreshes `/stats` while it works (and always when it goes
+/// idle): the KV report costs tens of microseconds, a decode step a few milliseconds.
+const PUBLISH_EVERY: Duration = Duration::from_millis(25);
+
+fn engine_loop<G: Generator>(mut generator: G, rx: Receiver<Job>, m: &Arc<GatewayMetrics>) {
+    publish(m, &generator);
+    let mut published = Instant::now();
+    let mut open = true;
+    loop {
+        if !generator.has_work() {
+            if !open {
+                return;
             }
-            Ok(Err(e)) => {
-                m.failed.fetch_add(1, Ordering::Relaxed);
-                generator.reset();
-                Event::Failed(e.to_string())
+            match rx.recv() {
+                Ok(job) => add_job(&mut generator, job, m),
+                Err(_) => return,
             }
+        }
+        while open {
+            match rx.try_recv() {
+                Ok(job) => add_job(&mut generator, job, m),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => open = false,
+            }
+        }
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| generator.step()));
+        match result {
+            Ok(Ok(report)) => {
+                if report.sequences == 0 && generator.has_work() {
+                    publish(m, &generator);
+                    std::thread::sleep(BLOCKED_POLL);
+                }
+            }
+            Ok(Err(e)) => tracing::warn!("a forward failed: {e}"),
             Err(_) => {
-                m.failed.fetch_add(1, Ordering::Relaxed);
-                generator.reset();
-                tracing::error!("the engine panicked; its cache was reset");
-                Event::Failed("internal error in the engine".into())
+                generator.fail_running("internal error in the engine");
+                tracing::error!("the engine panicked; the requests in its batch failed");
             }
-        };
-        m.kv_used.store(generator.kv_used(), Ordering::Relaxed);
-        if let Some(c) = generator.cache_stats() {
-            m.cache_entries.store(c.entries, Ordering::Relaxed);
-            m.cache_bytes.store(c.bytes, Ordering::Relaxed);
-            m.cache_evictions.store(c.evictions, Ordering::Relaxed);
         }
-        publish_kv(m, &generator);
-        m.running.store(0, Ordering::SeqCst);
-        let _ = job.events.send(event);
+        if !generator.has_work() || published.elapsed() >= PUBLISH_EVERY {
+            publish(m, &generator);
+            published = Instant::now();
+        }
     }
 }
 
-fn publish_kv<G: Generator>(m: &GatewayMetrics, generator: &G) {
+fn add_job<G: Generator>(generator: &mut G, job: Job, m: &Arc<GatewayMetrics>) {
+    let mut sink = GatewaySink {
+        events: job.events,
+        metrics: m.clone(),
+    };
+    if sink.is_closed() {
+        m.cancelled.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let events = sink.events.clone();
+    if let Err(e) = generator.add(&job.req, Box::new(sink)) {
+        // The sink went with the refused request; answer through a clone of its channel.
+        sink = GatewaySink {
+            events,
+            metrics: m.clone(),
+        };
+        m.in_flight.fetch_add(1, Ordering::SeqCst);
+        sink.failed(&e.to_string());
+    }
+}
+
+fn publish<G: Generator>(m: &GatewayMetrics, generator: &G) {
+    m.kv_used.store(generator.kv_used(), Ordering::Relaxed);
+    if let Some(c) = generator.cache_stats() {
+        m.cache_entries.store(c.entries, Ordering::Relaxed);
+        m.cache_bytes.store(c.bytes, Ordering::Relaxed);
+        m.cache_evictions.store(c.evictions, Ordering::Relaxed);
+    }
+    let sched = generator.scheduler_stats();
+    let (running, waiting) = match &sched {
+        Some(s) => (s.running, s.waiting),
+        None => (0, usize::from(generator.has_work())),
+    };
+    m.running.store(running, Ordering::SeqCst);
+    m.waiting.store(waiting, Ordering::SeqCst);
+    if let Ok(mut slot) = m.scheduler.lock() {
+        *slot = sched;
+    }
     if let Ok(mut slot) = m.kv_report.lock() {
         *slot = generator.kv_report();
     }

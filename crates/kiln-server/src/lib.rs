@@ -26,7 +26,8 @@ pub mod tools;
 use std::future::Future;
 use std::sync::Arc;
 
-pub use gateway::{Admission, Gateway, Generator};
+pub use gateway::{Gateway, Generator, OneAtATime, Serial};
+pub use kiln_engine::StartGate;
 pub use listen::ConnectionLimits;
 pub use state::{AppState, MemoryAdmission, ModelInfo, ServerConfig, SharedState, StatsHook};
 

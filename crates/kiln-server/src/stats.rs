@@ -11,10 +11,52 @@ use serde_json::{Value, json};
 
 use crate::state::SharedState;
 
-/// Fraction of the KV cache holding live positions.
+/// Fraction of the KV slots' positions holding data (running sequences and kept prefixes).
 fn kv_usage(state: &SharedState) -> f64 {
-    let used = state.gateway.metrics.kv_used.load(Relaxed);
-    used as f64 / state.info.context_len.max(1) as f64
+    let m = &state.gateway.metrics;
+    let positions = m
+        .kv_report
+        .lock()
+        .ok()
+        .and_then(|r| r.as_ref().map(|r| r.positions))
+        .unwrap_or_else(|| m.kv_used.load(Relaxed));
+    let slots = scheduler(state).map_or(1, |s| s.max_sequences.max(1));
+    positions as f64 / (state.info.context_len.max(1) * slots) as f64
+}
+
+fn scheduler(state: &SharedState) -> Option<kiln_engine::SchedulerStats> {
+    state
+        .gateway
+        .metrics
+        .scheduler
+        .lock()
+        .ok()
+        .and_then(|s| s.clone())
+}
+
+/// The `batch` section: the lane, limits and what the steps did.
+fn batch_json(state: &SharedState) -> Value {
+    let m = &state.gateway.metrics;
+    let Some(s) = scheduler(state) else {
+        return json!({"configured": 1, "batched": false, "active_rows": m.running.load(Relaxed)});
+    };
+    let per_step = |total: u64| {
+        if s.steps > 0 {
+            total as f64 / s.steps as f64
+        } else {
+            0.0
+        }
+    };
+    json!({
+        "configured": s.max_sequences, "batched": s.lane.batched,
+        "solo_reason": s.lane.solo_reason, "active_rows": s.running, "waiting": s.waiting,
+        "batch_tokens": s.batch_tokens, "steps": s.steps,
+        "last_batch_sequences": s.last_batch_sequences, "last_step_tokens": s.last_step_tokens,
+        "avg_batch_sequences": per_step(s.batch_sequences_total),
+        "avg_step_tokens": per_step(s.step_tokens_total),
+        "preempted": s.preempted_total, "parked_positions": s.parked_positions,
+        "memory": s.kv_bill,
+    })
 }
 
 /// The `/stats` body.
@@ -27,7 +69,7 @@ pub fn stats_json(state: &SharedState) -> Value {
         "server": {"owner": "serve", "model": state.info.id, "started_at": state.started_at,
                    "load_secs": state.info.load_secs},
         "prompt_cache": {
-            // Saved snapshots plus the live slot, which holds the latest conversation's prefix.
+            // Saved snapshots plus free slots' kept prefixes.
             "entries": m.cache_entries.load(Relaxed) + usize::from(kv_used > 0),
             "bytes": m.cache_bytes.load(Relaxed) as u64 + kv_used as u64 * state.info.kv_bytes_per_token,
             "max_bytes": state.config.prompt_cache_bytes,
@@ -49,7 +91,7 @@ pub fn stats_json(state: &SharedState) -> Value {
                      "failed": m.failed.load(Relaxed), "rejected": m.rejected.load(Relaxed)},
         "tokens": {"prompt": m.prompt_tokens.load(Relaxed), "generated": generated,
                    "decode_tokens_per_sec": if decode_secs > 0.0 { generated as f64 / decode_secs } else { 0.0 }},
-        "batch": {"configured": 1, "batched": false, "active_rows": m.running.load(Relaxed)},
+        "batch": batch_json(state),
     });
     if let Some(obj) = body.as_object_mut() {
         if let Some(kv) = obj.get_mut("kv").and_then(Value::as_object_mut)
@@ -112,6 +154,44 @@ pub async fn metrics(State(state): State<SharedState>) -> Response {
         "KV-cache usage (1 = full).",
         usage,
     );
+    if let Some(s) = scheduler(&state) {
+        metric(
+            "kiln_batch_sequences",
+            "gauge",
+            "Sequences in the last forward.",
+            s.last_batch_sequences as f64,
+        );
+        metric(
+            "kiln_batch_step_tokens",
+            "gauge",
+            "Tokens in the last forward.",
+            s.last_step_tokens as f64,
+        );
+        metric(
+            "kiln_batch_steps_total",
+            "counter",
+            "Forwards run by the scheduler.",
+            s.steps as f64,
+        );
+        metric(
+            "kiln_batch_tokens_total",
+            "counter",
+            "Tokens over all forwards (divide by steps for tokens per step).",
+            s.step_tokens_total as f64,
+        );
+        metric(
+            "kiln_requests_preempted_total",
+            "counter",
+            "Sequences preempted for memory and recomputed.",
+            s.preempted_total as f64,
+        );
+        metric(
+            "vllm:num_preemptions_total",
+            "counter",
+            "Sequences preempted for memory and recomputed.",
+            s.preempted_total as f64,
+        );
+    }
     let prompt = m.prompt_tokens.load(Relaxed) as f64;
     let generated = m.generated_tokens.load(Relaxed) as f64;
     metric(

@@ -63,7 +63,7 @@ fn start_with_key(scripted: Scripted, limits: ConnectionLimits, key: Option<&str
                 .await
                 .expect("bind");
             addr_tx.send(listener.local_addr().expect("addr")).unwrap();
-            let gateway = Arc::new(Gateway::start(scripted, 8, None));
+            let gateway = Arc::new(Gateway::start(scripted.serial(), 8, None));
             let config = ServerConfig {
                 body_limit: kiln_server::DEFAULT_BODY_LIMIT,
                 limits,

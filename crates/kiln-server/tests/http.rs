@@ -199,7 +199,7 @@ async fn dropping_a_stream_cancels_its_generation() {
     let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
     let mut g = script(&refs);
     g.delay = Duration::from_millis(10);
-    let app = app_with(g, ServerConfig::default(), 4);
+    let app = app_with(g.serial(), ServerConfig::default(), 4);
     let body = json!({"messages": [{"role": "user", "content": "x"}], "stream": true}).to_string();
     let req = axum::http::Request::builder()
         .method("POST")

@@ -107,7 +107,7 @@ async fn api_key_host_and_cors() {
         cors_origin: Some("http://app.example".into()),
         ..Default::default()
     };
-    let app = app_with(script(&["x"]), cfg, 4);
+    let app = app_with(script(&["x"]).serial(), cfg, 4);
     let (s, text) = send(&app, "GET", "/v1/models", "", &[]).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED, "{text}");
     let (s, _) = send(
@@ -161,7 +161,7 @@ async fn api_key_host_and_cors() {
 async fn full_queue_is_503_with_retry_after() {
     let mut g = script(&["a", "b", "c", "d", "e"]);
     g.delay = Duration::from_millis(100);
-    let app = app_with(g, ServerConfig::default(), 1);
+    let app = app_with(g.serial(), ServerConfig::default(), 1);
     let body = json!({"messages": [{"role": "user", "content": "x"}]}).to_string();
     let mut handles = vec![];
     for _ in 0..2 {

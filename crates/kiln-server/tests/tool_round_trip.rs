@@ -48,7 +48,7 @@ async fn openai_tool_call_round_trip_through_a_tool_template() {
         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
     ]);
     let seen = Arc::clone(&g.seen);
-    let app = app_with_info(g, ServerConfig::default(), 4, info);
+    let app = app_with_info(g.serial(), ServerConfig::default(), 4, info);
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "description": "Current weather", "parameters": {"type": "object",
         "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);

@@ -133,6 +133,15 @@ pub struct BenchArgs {
     /// Cache positions filled before each test (llama-bench's -d): decode speed at depth.
     #[arg(short = 'd', long = "depth", default_value_t = 0)]
     pub depth: usize,
+    /// Sequences decoding together in each generation step (`tgN xB`: B rows per forward,
+    /// one KV slot each), comma-separated for several runs; tokens per second count all rows.
+    #[arg(
+        short = 'b',
+        long = "batch",
+        value_delimiter = ',',
+        default_value = "1"
+    )]
+    pub batch: Vec<usize>,
     #[command(flatten)]
     pub kv: crate::kv::KvArgs,
     /// Print JSON instead of a table.

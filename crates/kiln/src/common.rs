@@ -47,6 +47,16 @@ pub fn resolve(spec: &str) -> Result<PathBuf> {
 
 /// Loads a model into an engine on the CPU backend.
 pub fn load_engine(spec: &str, rt: &RuntimeArgs) -> Result<Engine<CpuBackend>> {
+    load_engine_with(spec, rt, |_, _| Ok(()))
+}
+
+/// [`load_engine`], letting `tweak` set the engine's options (slots, budget) once the model's
+/// config is known.
+pub fn load_engine_with(
+    spec: &str,
+    rt: &RuntimeArgs,
+    tweak: impl FnOnce(&mut EngineOptions, &kiln_model::config::ModelConfig) -> Result<()>,
+) -> Result<Engine<CpuBackend>> {
     let path = resolve(spec)?;
     let backend = CpuBackend::new(CpuOptions { dense: rt.dense });
     let model =
@@ -59,13 +69,11 @@ pub fn load_engine(spec: &str, rt: &RuntimeArgs) -> Result<Engine<CpuBackend>> {
     };
     let kv_scheme = rt.kv.resolve(&path, &model.config)?;
     tracing::info!(scheme = %kv_scheme.cache_key(), "KV cache");
-    Ok(Engine::new(
-        backend,
-        model,
-        EngineOptions {
-            context_len: ctx,
-            kv_scheme,
-            ..EngineOptions::default()
-        },
-    )?)
+    let mut options = EngineOptions {
+        context_len: ctx,
+        kv_scheme,
+        ..EngineOptions::default()
+    };
+    tweak(&mut options, &model.config)?;
+    Ok(Engine::new(backend, model, options)?)
 }

@@ -150,6 +150,11 @@ pub trait KvStore: Send {
     fn set_seq_len(&mut self, slot: usize, len: usize);
     /// Bytes of storage allocated for keys and values.
     fn allocated_bytes(&self) -> usize;
+    /// Forgets every position of `slot` and gives their memory back (a length cut to 0 may
+    /// keep the pages of a dense slot for its next sequence; this does not).
+    fn release(&mut self, slot: usize) {
+        self.set_seq_len(slot, 0);
+    }
     /// A copy of positions `0..len` of `slot` (every layer), for a prompt cache; `None` when
     /// the store cannot export (the default) or `len` exceeds what the slot holds.
     fn export_prefix(&self, slot: usize, len: usize) -> Option<KvSnapshot> {
@@ -260,6 +265,18 @@ pub trait Backend: Send + Sync {
             "the {} backend stores the KV cache in f32 only",
             self.name()
         )))
+    }
+
+    /// Whether the store made by [`Backend::new_kv_planned`] converts each slot on its own, when
+    /// that slot's sequence reaches the plan's start, so sequences of different lengths under a
+    /// delayed scheme can share a forward.
+    fn kv_converts_per_slot(&self) -> bool {
+        false
+    }
+    /// Whether the store can keep layer `layer` (heads `head_dim` wide) in `format`.
+    fn kv_can_store(&self, format: KvQuantFormat, layer: usize, head_dim: usize) -> bool {
+        let _ = (format, layer, head_dim);
+        false
     }
 
     /// Looks up embedding rows, optionally multiplying them by `scale`.

@@ -15,7 +15,7 @@ use kiln_engine::{
     Engine, EngineError, EngineOptions, FinishReason, GenerateOutput, GenerateRequest, load_model,
 };
 use kiln_model::backend::cpu::{CpuBackend, CpuOptions};
-use kiln_server::{AppState, Gateway, Generator, ModelInfo, ServerConfig};
+use kiln_server::{AppState, Gateway, Generator, ModelInfo, OneAtATime, Serial, ServerConfig};
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -50,7 +50,7 @@ pub struct Scripted {
     pub seen: Arc<Mutex<Vec<GenerateRequest>>>,
 }
 
-impl Generator for Scripted {
+impl OneAtATime for Scripted {
     fn generate(
         &mut self,
         req: &GenerateRequest,
@@ -79,10 +79,13 @@ impl Generator for Scripted {
             },
         })
     }
-    fn kv_used(&self) -> usize {
-        0
+}
+
+impl Scripted {
+    /// Behind the gateway's step interface.
+    pub fn serial(self) -> Serial<Self> {
+        Serial::new(self)
     }
-    fn reset(&mut self) {}
 }
 
 /// A router over `generator`.
@@ -118,7 +121,7 @@ pub fn script(pieces: &[&str]) -> Scripted {
 
 /// A router whose generator replays `pieces`.
 pub fn scripted(pieces: &[&str]) -> Router {
-    app_with(script(pieces), ServerConfig::default(), 8)
+    app_with(script(pieces).serial(), ServerConfig::default(), 8)
 }
 
 /// Sends a request; returns status and body text.

@@ -5,7 +5,7 @@ use kiln_engine::bench::{BenchConfig, BenchResult};
 use serde::Serialize;
 
 use crate::cli::{BenchArgs, RuntimeArgs};
-use crate::common::{available_threads, load_engine, set_threads};
+use crate::common::{available_threads, load_engine_with, set_threads};
 
 #[derive(Serialize)]
 struct Row {
@@ -24,11 +24,21 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         args.threads.clone()
     };
+    if args.batch.iter().any(|&b| b == 0 || b > 256) {
+        anyhow::bail!("--batch sizes must be between 1 and 256");
+    }
+    let batches = if args.batch.is_empty() {
+        vec![1]
+    } else {
+        args.batch.clone()
+    };
+    let slots = batches.iter().copied().max().unwrap_or(1);
     let cfg = BenchConfig {
         prompt_tokens: args.prompt_tokens,
         gen_tokens: args.gen_tokens,
         repetitions: args.repetitions.max(1),
         depth: args.depth,
+        batch: 1,
     };
     let ctx = args
         .depth
@@ -43,8 +53,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
             dense: args.dense,
             kv: args.kv.clone(),
         };
-        let mut engine = load_engine(&args.model, &rt)?;
-        let results: Vec<BenchResult> = engine.bench(&cfg)?;
+        let mut engine = load_engine_with(&args.model, &rt, |o, _| {
+            o.slots = slots;
+            Ok(())
+        })?;
+        let mut results: Vec<BenchResult> = Vec::new();
+        for (i, &batch) in batches.iter().enumerate() {
+            // The prefill test runs once, with the first batch size.
+            let c = BenchConfig {
+                batch,
+                prompt_tokens: if i == 0 { cfg.prompt_tokens } else { 0 },
+                ..cfg
+            };
+            results.extend(engine.bench(&c)?);
+        }
         let backend = if args.dense { "cpu-dense" } else { "cpu" };
         let kv_scheme = engine.options().kv_scheme.cache_key();
         rows.extend(results.into_iter().map(|result| Row {

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::{Args, FromArgMatches};
 use kiln_jobs::{HostConfig, JobHost, JobPaths, JobPolicy};
-use kiln_server::{Admission, Extensions, Gateway, ModelInfo, ServerConfig};
+use kiln_server::{Extensions, Gateway, ModelInfo, ServerConfig, StartGate};
 
 use crate::cli::RuntimeArgs;
-use crate::common::{load_engine, set_threads};
+use crate::common::{load_engine_with, set_threads};
 
 /// `kiln serve`.
 #[derive(Debug, Args)]
@@ -46,9 +46,17 @@ pub struct ServeArgs {
     /// Allow cross-origin requests from this origin (`*` for any); CORS is off without it.
     #[arg(long)]
     pub cors_origin: Option<String>,
-    /// Requests that may wait behind the running one before new ones get 503.
+    /// Requests that may wait beyond the running batch before new ones get 503.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
+    /// Most sequences generating at once, each in its own KV slot (continuous batching).
+    /// Default: as many full-context sequences as the memory budget holds, at most 32.
+    #[arg(long)]
+    pub parallel: Option<usize>,
+    /// Most tokens one forward computes: every running sequence's next token, then prompt
+    /// chunks up to this.
+    #[arg(long, default_value_t = kiln_engine::kv_scheme::memory::DEFAULT_PREFILL_CHUNK)]
+    pub batch_tokens: usize,
     /// How heavy lab jobs share the CPU with inference: `exclusive` makes new generations wait
     /// while a heavy job runs (the cores are the same); `shared` lets both run.
     #[arg(long, default_value = "exclusive")]
@@ -87,6 +95,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.queue == 0 {
         bail!("--queue must be at least 1");
     }
+    if args.parallel == Some(0) || args.parallel.is_some_and(|n| n > MAX_PARALLEL) {
+        bail!("--parallel must be between 1 and {MAX_PARALLEL}");
+    }
+    if !(1..=65_536).contains(&args.batch_tokens) {
+        bail!("--batch-tokens must be between 1 and 65536");
+    }
     let limits = connection_limits(&args)?;
     // Bad sampling defaults would fail every request; refuse them up front.
     let defaults = kiln_engine::sampler::SamplingParams {
@@ -104,8 +118,32 @@ pub fn run(args: ServeArgs) -> Result<()> {
     set_threads(args.runtime.threads)?;
     // Admission is decided from file headers, before any weight is read.
     let memory = crate::cmd::fit::admission(&args.model, &args.runtime, args.memory_budget)?;
-    let mut engine = load_engine(&args.model, &args.runtime)?;
-    engine.set_prompt_cache_bytes(usize::try_from(args.prompt_cache_bytes).unwrap_or(usize::MAX));
+    let threads = args
+        .runtime
+        .threads
+        .unwrap_or_else(crate::common::available_threads);
+    let mut cache_cap = args.prompt_cache_bytes;
+    let mut engine = load_engine_with(&args.model, &args.runtime, |o, cfg| {
+        let room = memory
+            .as_ref()
+            .map(|m| kv_room(&m.fit, cfg, o, args.batch_tokens, threads));
+        o.batch_tokens = args.batch_tokens;
+        o.slots = parallel(args.parallel, room, cfg, o)?;
+        o.kv_budget_bytes = room;
+        // The prompt cache lives inside the same room.
+        cache_cap = cache_cap.min(room.unwrap_or(u64::MAX));
+        Ok(())
+    })?;
+    engine.set_prompt_cache_bytes(usize::try_from(cache_cap).unwrap_or(usize::MAX));
+    let lane = engine.lane().clone();
+    eprintln!(
+        "kiln: {} sequences at once, {} tokens per step{}",
+        engine.scheduler_stats().max_sequences,
+        args.batch_tokens,
+        lane.solo_reason
+            .map(|r| format!(" (one at a time: {r})"))
+            .unwrap_or_default()
+    );
     let path = engine.model().path.clone();
     let id = path
         .file_stem()
@@ -155,10 +193,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         cfg.policy = args.job_policy;
         JobHost::open(cfg).context("opening the job store")?
     };
-    let admission: Arc<dyn Admission> = Arc::new(JobGate {
-        jobs: jobs.clone(),
-        rt: rt.handle().clone(),
-    });
+    let admission: Arc<dyn StartGate> = Arc::new(JobGate { jobs: jobs.clone() });
     let gateway = Arc::new(Gateway::start_with(
         engine,
         args.queue,
@@ -193,22 +228,65 @@ pub fn run(args: ServeArgs) -> Result<()> {
     })
 }
 
-/// `--job-policy exclusive`: a generation waits while a heavy job holds the execution lease.
-struct JobGate {
-    jobs: JobHost,
-    rt: tokio::runtime::Handle,
+/// The most `--parallel` accepts: each slot reserves (not commits) a full context of KV.
+const MAX_PARALLEL: usize = 1024;
+
+/// The `--parallel` default's cap: beyond it a step's decode rows cost more than they share.
+const DEFAULT_PARALLEL_CAP: usize = 32;
+
+/// Bytes the memory budget leaves for KV (every slot plus the prompt cache): the budget less
+/// weights, runtime and the transient of a forward of `batch_tokens` tokens at full context.
+fn kv_room(
+    fit: &kiln_engine::kv_scheme::memory::FitReport,
+    cfg: &kiln_model::config::ModelConfig,
+    o: &kiln_engine::EngineOptions,
+    batch_tokens: usize,
+    threads: usize,
+) -> u64 {
+    let transient = kiln_engine::kv_scheme::memory::prefill_transient_bytes(
+        cfg,
+        batch_tokens.max(o.prefill_chunk),
+        o.context_len,
+        threads,
+    );
+    fit.budget_bytes
+        .saturating_sub(fit.weights_bytes + fit.runtime_overhead_bytes + transient)
 }
 
-impl Admission for JobGate {
-    fn admit(&self) -> Box<dyn Send> {
-        let permit = self.rt.block_on(self.jobs.inference_gate());
-        if let Some(job) = &permit.waited_for {
-            tracing::info!(
-                job,
-                "a generation waited for a heavy job (--job-policy exclusive)"
-            );
-        }
-        Box::new(permit)
+/// `--parallel`, or as many full-context sequences as `room` holds (at least 1, at most
+/// [`DEFAULT_PARALLEL_CAP`]).
+fn parallel(
+    asked: Option<usize>,
+    room: Option<u64>,
+    cfg: &kiln_model::config::ModelConfig,
+    o: &kiln_engine::EngineOptions,
+) -> Result<usize> {
+    if let Some(n) = asked {
+        return Ok(n);
+    }
+    let Some(room) = room else {
+        return Ok(DEFAULT_PARALLEL_CAP);
+    };
+    let geo = kiln_engine::kv_scheme::memory::KvGeometry::new(
+        cfg,
+        &o.kv_scheme,
+        kiln_engine::kv_scheme::memory::CPU_KV_CAPS_SLIDING,
+    );
+    let per_sequence = geo.peak_bytes_at(o.context_len, o.prefill_chunk).max(1);
+    Ok(((room / per_sequence) as usize).clamp(1, DEFAULT_PARALLEL_CAP))
+}
+
+/// `--job-policy exclusive`: no new generation starts while a heavy job holds or waits for
+/// the execution lease; running ones finish, then the job runs.
+struct JobGate {
+    jobs: JobHost,
+}
+
+impl StartGate for JobGate {
+    fn try_start(&self) -> Option<Box<dyn Send>> {
+        self.jobs
+            .try_inference_gate()
+            .map(|p| Box::new(p) as Box<dyn Send>)
     }
 }
 

@@ -52,41 +52,49 @@ pub(crate) fn attention(
             queries.push((span.slot, span.start_pos + t));
         }
     }
-    let hd = p.head_dim;
-    let group = p.n_heads / p.n_kv_heads;
-    let mut out = HostAct::zeros(q.rows, p.n_heads * hd);
+    let mut out = HostAct::zeros(q.rows, p.n_heads * p.head_dim);
     let kv_ref = &*kv;
     let visible = |pos: usize| match p.window {
         Some(w) => (pos + 1).saturating_sub(w)..pos + 1,
         None => 0..pos + 1,
     };
-    let longest = queries
-        .iter()
-        .map(|&(_, pos)| visible(pos).len())
-        .max()
-        .unwrap_or(0);
-    if q.rows <= SPLIT_MAX_ROWS && longest > SPLIT_LEN {
-        split_attention(kv_ref, layer, q, &queries, &visible, p, &mut out);
-        return out;
-    }
-    if q.rows > SPLIT_MAX_ROWS {
-        block_attention(kv_ref, layer, q, &queries, &visible, p, &mut out);
-        return out;
-    }
-    kiln_kernels::pool::for_each_chunk_mut(&mut out.data, group * hd, 1, |idx, out_group| {
-        let (qi, g) = (idx / p.n_kv_heads, idx % p.n_kv_heads);
-        let (slot, pos) = queries[qi];
-        let q_group = &q.row(qi)[g * group * hd..(g + 1) * group * hd];
-        let part = attend(kv_ref, slot, layer, g, q_group, visible(pos), p, out_group);
-        let rotations = part.rotations;
-        for (h, out_head) in out_group.chunks_exact_mut(hd).enumerate() {
-            let inv = 1.0 / part.sums[h];
-            out_head.iter_mut().for_each(|o| *o *= inv);
-            if let Some((_, rv)) = rotations {
-                rv.unrotate(out_head);
-            }
+    // Chosen per span, never from the whole batch: a one-token span (decode) always takes the
+    // split path and a longer one the block path, so a sequence's numbers do not depend on
+    // what else shares the forward (the two paths agree only to rounding).
+    let (mut decode_rows, mut prefill_runs) = (Vec::new(), Vec::new());
+    let mut first = 0;
+    for span in &batch.spans {
+        if span.n_tokens == 1 {
+            decode_rows.push(first);
+        } else {
+            prefill_runs.push(first..first + span.n_tokens);
         }
-    });
+        first += span.n_tokens;
+    }
+    if !decode_rows.is_empty() {
+        split_attention(
+            kv_ref,
+            layer,
+            q,
+            &queries,
+            &decode_rows,
+            &visible,
+            p,
+            &mut out,
+        );
+    }
+    if !prefill_runs.is_empty() {
+        block_attention(
+            kv_ref,
+            layer,
+            q,
+            &queries,
+            &prefill_runs,
+            &visible,
+            p,
+            &mut out,
+        );
+    }
     out
 }
 
@@ -94,47 +102,50 @@ pub(crate) fn attention(
 /// of query vectors that shares each decoded key and value tile.
 pub const QUERY_BLOCK: usize = 16;
 
-/// Prefill: tasks of up to [`QUERY_BLOCK`] consecutive query rows, each attending per KV head
-/// with [`attend_block`]. Results do not depend on the blocking (see `attn_block`), so the
-/// block size may follow the thread count.
+/// Prefill: tasks of up to [`QUERY_BLOCK`] consecutive query rows of one span (`runs`, row
+/// ranges), each attending per KV head with [`attend_block`]. Results do not depend on the
+/// blocking (see `attn_block`), so the block size may follow the thread count.
+#[allow(clippy::too_many_arguments)]
 fn block_attention(
     kv: &CpuKv,
     layer: usize,
     q: &HostAct,
     queries: &[(usize, usize)],
+    runs: &[Range<usize>],
     visible: &(dyn Fn(usize) -> Range<usize> + Sync),
     p: &AttentionParams,
     out: &mut HostAct,
 ) {
     let threads = kiln_kernels::pool::global().threads();
-    let block = q.rows.div_ceil(threads * 4).clamp(1, QUERY_BLOCK);
+    let rows: usize = runs.iter().map(|r| r.len()).sum();
+    let block = rows.div_ceil(threads * 4).clamp(1, QUERY_BLOCK);
     let width = p.n_heads * p.head_dim;
-    // One block per task, the last (longest: it sees the most keys) first.
-    kiln_kernels::pool::for_each_chunk_mut_last_first(
-        &mut out.data,
-        block * width,
-        |b, out_block| {
-            let first = b * block;
-            let end = first + out_block.len() / width;
-            let mut a = first;
-            while a < end {
-                // A block may hold the tail of one sequence and the head of the next.
-                let slot = queries[a].0;
-                let run_end = (a..end).find(|&r| queries[r].0 != slot).unwrap_or(end);
-                let out_run = &mut out_block[(a - first) * width..(run_end - first) * width];
-                for g in 0..p.n_kv_heads {
-                    let run = BlockRun {
-                        slot,
-                        rows: a..run_end,
-                        queries,
-                        visible,
-                    };
-                    attend_block(kv, layer, g, q, &run, p, out_run);
-                }
-                a = run_end;
-            }
-        },
-    );
+    let blocks: Vec<Range<usize>> = runs
+        .iter()
+        .flat_map(|run| {
+            run.clone()
+                .step_by(block)
+                .map(move |a| a..(a + block).min(run.end))
+        })
+        .collect();
+    let pieces: Vec<Range<usize>> = blocks
+        .iter()
+        .map(|b| b.start * width..b.end * width)
+        .collect();
+    // The last block of the batch (the longest of its sequence: it sees the most keys) first.
+    kiln_kernels::pool::for_each_piece_mut_last_first(&mut out.data, &pieces, |i, out_run| {
+        let rows = blocks[i].clone();
+        let slot = queries[rows.start].0;
+        for g in 0..p.n_kv_heads {
+            let run = BlockRun {
+                slot,
+                rows: rows.clone(),
+                queries,
+                visible,
+            };
+            attend_block(kv, layer, g, q, &run, p, out_run);
+        }
+    });
 }
 
 /// Consecutive query rows of one sequence.
@@ -239,20 +250,21 @@ fn attend_block(
     });
 }
 
-/// Decode attends over one or a few queries: (query, KV head) pairs alone would leave most
-/// workers idle (SmolLM2 has 3 KV heads), so the visible keys are split into parts of
-/// [`SPLIT_LEN`] positions computed in parallel and merged with their softmax maxima
-/// (flash-decoding). The split depends only on the batch and the positions, never on the thread
-/// count, so results do not change with `--threads`.
+/// Decode rows (`rows`: the query rows of one-token spans): (query, KV head) pairs alone
+/// would leave most workers idle (SmolLM2 has 3 KV heads), so the visible keys are split into
+/// parts of [`SPLIT_LEN`] positions computed in parallel and merged with their softmax maxima
+/// (flash-decoding). The split depends only on each row's position, never on the thread count
+/// or the other rows, so results change with neither `--threads` nor the batch. A row with at
+/// most `SPLIT_LEN` keys is one part, which merges to exactly what one `attend` gives.
 const SPLIT_LEN: usize = 256;
-/// Batches of at most this many query rows take the split path.
-const SPLIT_MAX_ROWS: usize = 4;
 
+#[allow(clippy::too_many_arguments)]
 fn split_attention(
     kv: &CpuKv,
     layer: usize,
     q: &HostAct,
     queries: &[(usize, usize)],
+    rows: &[usize],
     visible: &(dyn Fn(usize) -> std::ops::Range<usize> + Sync),
     p: &AttentionParams,
     out: &mut HostAct,
@@ -260,8 +272,8 @@ fn split_attention(
     let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
     // (query row, KV head, key range) of every part, parts of one (query, head) adjacent.
     let mut parts = Vec::new();
-    for (qi, &(_, pos)) in queries.iter().enumerate() {
-        let range = visible(pos);
+    for &qi in rows {
+        let range = visible(queries[qi].1);
         for g in 0..p.n_kv_heads {
             for start in range.clone().step_by(SPLIT_LEN) {
                 parts.push((qi, g, start..(start + SPLIT_LEN).min(range.end)));
@@ -317,13 +329,11 @@ fn split_attention(
 }
 
 /// What one (query, KV head, key range) computation leaves besides its output.
-struct Part<'a> {
+struct Part {
     /// Per query head of the group: the largest score.
     maxima: [f32; MAX_GROUP],
     /// Per query head: `Σ exp(score − max)`.
     sums: [f32; MAX_GROUP],
-    /// The layer's TurboQuant rotations when its rows are rotated.
-    rotations: Option<(&'a TurboCodec, &'a TurboCodec)>,
 }
 
 /// Query heads per KV head this kernel serves (GQA groups of today's models are ≤ 16; the
@@ -346,8 +356,8 @@ fn rotations_of<'a>(
 /// `Σ exp(score − max) · value` per head into `out_group` (zeroed by the caller), unnormalised
 /// and, for a TurboQuant layer, still rotated.
 #[allow(clippy::too_many_arguments)]
-fn attend<'a>(
-    kv: &'a CpuKv,
+fn attend(
+    kv: &CpuKv,
     slot: usize,
     layer: usize,
     g: usize,
@@ -355,7 +365,7 @@ fn attend<'a>(
     range: std::ops::Range<usize>,
     p: &AttentionParams,
     out_group: &mut [f32],
-) -> Part<'a> {
+) -> Part {
     let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
     let (first, n) = (range.start, range.len());
     let (cell, codec) = kv.cell(slot, layer);
@@ -363,7 +373,6 @@ fn attend<'a>(
     let mut part = Part {
         maxima: [f32::NEG_INFINITY; MAX_GROUP],
         sums: [0.0; MAX_GROUP],
-        rotations,
     };
     SCRATCH.with(|cell_scratch| {
         let scratch = &mut *cell_scratch.borrow_mut();

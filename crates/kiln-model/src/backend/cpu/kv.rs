@@ -123,6 +123,18 @@ impl KvStore for CpuKv {
             .sum()
     }
 
+    fn release(&mut self, slot: usize) {
+        if slot >= self.layout.n_slots {
+            return;
+        }
+        self.lens[slot] = 0;
+        // Fresh mappings: dropping the old cells unmaps their pages at once.
+        match self.dense_cells() {
+            Ok(cells) => self.cells[slot] = cells,
+            Err(e) => tracing::warn!(slot, "KV slot kept its pages: {e}"),
+        }
+    }
+
     fn export_prefix(&self, slot: usize, len: usize) -> Option<KvSnapshot> {
         if slot >= self.layout.n_slots || len > self.seq_len(slot) {
             return None;

@@ -19,8 +19,8 @@ pub use attention::{ATTENTION_TILE, QUERY_BLOCK};
 pub use kv::CpuKv;
 
 use super::{
-    AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, KvPlan, OpProfile,
-    RopeAngles,
+    AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, KvPlan, KvQuantFormat,
+    OpProfile, RopeAngles,
 };
 use crate::ModelError;
 use crate::config::Activation;
@@ -180,6 +180,14 @@ impl Backend for CpuBackend {
 
     fn new_kv_planned(&self, layout: KvLayout, plan: &KvPlan) -> Result<CpuKv, ModelError> {
         CpuKv::planned(layout, plan)
+    }
+
+    fn kv_converts_per_slot(&self) -> bool {
+        true
+    }
+
+    fn kv_can_store(&self, format: KvQuantFormat, layer: usize, head_dim: usize) -> bool {
+        kv_cell::LayerCodec::new(format, layer, head_dim).is_ok()
     }
 
     fn embed(

@@ -1,0 +1,155 @@
+//! The KV slots: which sequence owns each, and what a free slot still holds, so a new
+//! request can start from the longest common prefix any free slot keeps (as llama.cpp's
+//! slots do).
+
+/// One KV slot.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Slot {
+    /// Tokens whose KV a free slot holds (empty while owned: the owner's history says).
+    pub(crate) tokens: Vec<u32>,
+    /// The sequence using it.
+    pub(crate) owner: Option<u64>,
+    /// Most positions written since the slot was last released: what its pages hold.
+    pub(crate) high_water: usize,
+    /// When it was last freed (a logical clock), for least-recently-used choice.
+    pub(crate) last_used: u64,
+}
+
+/// Every slot of the KV store.
+#[derive(Debug, Clone)]
+pub(crate) struct Slots {
+    pub(crate) slots: Vec<Slot>,
+    clock: u64,
+}
+
+/// Leading tokens two sequences share.
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl Slots {
+    /// `n` empty slots.
+    pub(crate) fn new(n: usize) -> Self {
+        Self {
+            slots: vec![Slot::default(); n],
+            clock: 0,
+        }
+    }
+
+    /// The free slot for `prompt` and the prefix of it that slot already holds: the longest
+    /// usable common prefix (leaving one prompt token to compute; none when `reuse` is off),
+    /// else an empty slot, else the least recently used one.
+    pub(crate) fn choose(&self, prompt: &[u32], reuse: bool) -> Option<(usize, usize)> {
+        let limit = prompt.len().saturating_sub(1);
+        let free = || {
+            self.slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.owner.is_none())
+        };
+        if reuse {
+            let best = free()
+                .map(|(i, s)| (i, common_prefix(&s.tokens, prompt).min(limit)))
+                .max_by_key(|&(i, p)| (p, std::cmp::Reverse(i)));
+            if let Some((i, p)) = best.filter(|&(_, p)| p > 0) {
+                return Some((i, p));
+            }
+        }
+        free()
+            .min_by_key(|(_, s)| (s.high_water > 0 || !s.tokens.is_empty(), s.last_used))
+            .map(|(i, _)| (i, 0))
+    }
+
+    /// Gives `slot` to sequence `owner`.
+    pub(crate) fn claim(&mut self, slot: usize, owner: u64) {
+        let s = &mut self.slots[slot];
+        s.owner = Some(owner);
+        s.tokens.clear();
+    }
+
+    /// Frees `slot`, which keeps the KV of `tokens`.
+    pub(crate) fn park(&mut self, slot: usize, tokens: &[u32]) {
+        self.clock += 1;
+        let s = &mut self.slots[slot];
+        s.owner = None;
+        s.tokens = tokens.to_vec();
+        s.last_used = self.clock;
+    }
+
+    /// Marks `slot` written up to `len` positions.
+    pub(crate) fn wrote(&mut self, slot: usize, len: usize) {
+        let s = &mut self.slots[slot];
+        s.high_water = s.high_water.max(len);
+    }
+
+    /// `slot` gave its pages back; it is free and holds nothing.
+    pub(crate) fn released(&mut self, slot: usize) {
+        let s = &mut self.slots[slot];
+        s.owner = None;
+        s.tokens.clear();
+        s.high_water = 0;
+    }
+
+    /// The free slot holding pages that was used longest ago.
+    pub(crate) fn least_recent_parked(&self, except: Option<usize>) -> Option<usize> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|&(i, s)| s.owner.is_none() && s.high_water > 0 && Some(i) != except)
+            .min_by_key(|(_, s)| s.last_used)
+            .map(|(i, _)| i)
+    }
+
+    /// Positions free slots hold for reuse.
+    pub(crate) fn parked_positions(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.owner.is_none())
+            .map(|s| s.tokens.len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prompt_takes_the_slot_with_the_longest_prefix_else_an_empty_one() {
+        let mut s = Slots::new(3);
+        s.claim(0, 1);
+        s.wrote(0, 4);
+        s.park(0, &[1, 2, 3, 4]);
+        s.claim(1, 2);
+        s.wrote(1, 3);
+        s.park(1, &[1, 2, 9]);
+        assert_eq!(s.choose(&[1, 2, 3, 4, 5], true), Some((0, 4)));
+        // At least one prompt token is left to compute.
+        assert_eq!(s.choose(&[1, 2, 3, 4], true), Some((0, 3)));
+        assert_eq!(s.choose(&[1, 2, 9, 9], true), Some((1, 3)));
+        // Nothing shared: the empty slot, not one holding someone's prefix.
+        assert_eq!(s.choose(&[7, 7], true), Some((2, 0)));
+        assert_eq!(s.choose(&[1, 2, 3, 4, 5], false), Some((2, 0)));
+        s.claim(2, 3);
+        // No empty slot: the least recently used.
+        assert_eq!(s.choose(&[7, 7], true), Some((0, 0)));
+        s.claim(0, 4);
+        s.claim(1, 5);
+        assert_eq!(s.choose(&[7, 7], true), None);
+    }
+
+    #[test]
+    fn parked_slots_are_reclaimed_least_recent_first() {
+        let mut s = Slots::new(3);
+        for (slot, owner) in [(2, 1), (0, 2)] {
+            s.claim(slot, owner);
+            s.wrote(slot, 8);
+            s.park(slot, &[5; 8]);
+        }
+        assert_eq!(s.least_recent_parked(None), Some(2));
+        assert_eq!(s.least_recent_parked(Some(2)), Some(0));
+        s.released(2);
+        assert_eq!(s.least_recent_parked(None), Some(0));
+        assert_eq!(s.parked_positions(), 8);
+    }
+}

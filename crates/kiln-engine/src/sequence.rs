@@ -1,0 +1,204 @@
+//! One request's side of generation, whatever else shares the forward: its tokens, sampler,
+//! stop matcher, incremental detokenizer, budget and the output being built. The scheduler
+//! feeds it one logits row whenever the sequence's last token has been computed.
+
+use std::time::Instant;
+
+use crate::EngineError;
+use crate::detok::IncrementalDecoder;
+use crate::generate::{FinishReason, GenerateOutput, GenerateRequest, TokenLogprob};
+use crate::load::LoadedModel;
+use crate::sampler::Sampler;
+use crate::stats::{GenerationStats, peak_rss_bytes, per_sec};
+use crate::stop::StopMatcher;
+
+/// The decoding state of one sequence.
+pub(crate) struct Decoding {
+    sampler: Sampler,
+    stops: StopMatcher,
+    detok: IncrementalDecoder,
+    eos: Vec<u32>,
+    ignore_eos: bool,
+    /// Prompt then generated tokens: what the KV must hold before the next sample, the last
+    /// one (once generation started) still to be computed.
+    pub(crate) history: Vec<u32>,
+    prompt_len: usize,
+    budget: usize,
+    out: GenerateOutput,
+    started: Instant,
+    prefilled_at: Option<Instant>,
+    first_token_at: Option<Instant>,
+    /// Prompt tokens reused from a cache when the prompt was first computed.
+    pub(crate) cached: usize,
+    /// Prompt tokens computed (not reused), counting recomputation after a preemption.
+    computed_prompt: usize,
+    done: bool,
+}
+
+/// What a sample left the sequence doing.
+pub(crate) enum Next {
+    /// The sampled token (now last in the history) is to be computed next.
+    Feed,
+    /// Finished; [`Decoding::finish`] gives the output.
+    Done,
+}
+
+impl Decoding {
+    /// Checks `req` against the model and a context of `context_len` positions.
+    pub(crate) fn new<B: kiln_model::backend::Backend>(
+        model: &LoadedModel<B>,
+        req: &GenerateRequest,
+        context_len: usize,
+    ) -> Result<Self, EngineError> {
+        check_fits(req.prompt.len(), context_len)?;
+        req.sampling.validate_for_vocab(model.config.vocab_size)?;
+        let mut xtc_special = model.eos_ids.clone();
+        xtc_special.extend(model.tokenizer.encode("\n", false)?);
+        let room = context_len - req.prompt.len();
+        Ok(Self {
+            sampler: Sampler::new(req.sampling.clone(), xtc_special)?,
+            stops: StopMatcher::new(req.stop.clone())?,
+            detok: IncrementalDecoder::with_context(model.hf_tokenizer.clone(), true, &req.prompt),
+            eos: model.eos_ids.clone(),
+            ignore_eos: req.ignore_eos,
+            history: req.prompt.clone(),
+            prompt_len: req.prompt.len(),
+            budget: req.max_tokens.min(room),
+            out: GenerateOutput {
+                tokens: vec![],
+                text: String::new(),
+                finish_reason: FinishReason::Length,
+                stop_index: None,
+                logprobs: vec![],
+                stats: GenerationStats::default(),
+            },
+            started: Instant::now(),
+            prefilled_at: None,
+            first_token_at: None,
+            cached: 0,
+            computed_prompt: 0,
+            done: false,
+        })
+    }
+
+    /// Tokens generated so far.
+    pub(crate) fn generated(&self) -> usize {
+        self.out.tokens.len()
+    }
+
+    /// Counts `n` computed positions of the prompt.
+    pub(crate) fn computed_prompt_tokens(&mut self, n: usize) {
+        self.computed_prompt += n;
+    }
+
+    /// Samples the next token from `logits` (the row after the sequence's last token), emits
+    /// the text it releases through `emit` (`false` from `emit` cancels), and says what next.
+    pub(crate) fn accept(
+        &mut self,
+        logits: &mut [f32],
+        emit: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Next, EngineError> {
+        if self.done || self.budget == 0 {
+            self.done = true;
+            return Ok(Next::Done);
+        }
+        self.prefilled_at.get_or_insert_with(Instant::now);
+        let step = self.out.tokens.len();
+        self.sampler.set_step(step as u64);
+        let picked = self.sampler.sample(logits, &self.history);
+        self.first_token_at.get_or_insert_with(Instant::now);
+        if !self.ignore_eos && self.eos.contains(&picked.id) {
+            self.out.finish_reason = FinishReason::Stop;
+            self.done = true;
+            return Ok(Next::Done);
+        }
+        self.out.tokens.push(picked.id);
+        self.history.push(picked.id);
+        if let Some(lp) = picked.logprob {
+            self.out.logprobs.push(TokenLogprob {
+                id: picked.id,
+                logprob: lp,
+                top: picked.top_logprobs.clone(),
+            });
+        }
+        let piece = self
+            .detok
+            .push(picked.id)
+            .map_err(|e| EngineError::Detok(e.to_string()))?;
+        let released = self.stops.push(&piece);
+        self.out.text.push_str(&released.emit);
+        let cancelled = !released.emit.is_empty() && !emit(&released.emit);
+        if let Some(i) = released.stopped {
+            self.out.stop_index = Some(i);
+            self.out.finish_reason = FinishReason::Stop;
+        } else if cancelled {
+            self.out.finish_reason = FinishReason::Cancelled;
+        } else if step + 1 < self.budget {
+            return Ok(Next::Feed);
+        }
+        self.done = true;
+        Ok(Next::Done)
+    }
+
+    /// Marks the sequence cancelled (its client left).
+    pub(crate) fn cancel(&mut self) {
+        self.out.finish_reason = FinishReason::Cancelled;
+        self.done = true;
+    }
+
+    /// The output, after flushing held-back text through `emit` (unless a stop string matched
+    /// or the sequence was cancelled).
+    pub(crate) fn finish(
+        mut self,
+        emit: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<GenerateOutput, EngineError> {
+        let mut out = std::mem::replace(&mut self.out, GenerateOutput::empty());
+        if out.stop_index.is_none() && out.finish_reason != FinishReason::Cancelled {
+            let rest = self
+                .detok
+                .flush()
+                .map_err(|e| EngineError::Detok(e.to_string()))?;
+            let released = self.stops.push(&rest);
+            let mut tail = released.emit;
+            if let Some(i) = released.stopped {
+                out.stop_index = Some(i);
+                out.finish_reason = FinishReason::Stop;
+            } else {
+                tail.push_str(&self.stops.finish());
+            }
+            if !tail.is_empty() {
+                emit(&tail);
+            }
+            out.text.push_str(&tail);
+        }
+        let end = Instant::now();
+        let since = |t: Option<Instant>| t.map_or(0.0, |t| (t - self.started).as_secs_f64());
+        let prefill_secs = since(self.prefilled_at);
+        let decode_secs = self.first_token_at.map_or(0.0, |t| (end - t).as_secs_f64());
+        out.stats = GenerationStats {
+            prompt_tokens: self.prompt_len,
+            cached_tokens: self.cached,
+            generated_tokens: out.tokens.len(),
+            prefill_secs,
+            decode_secs,
+            time_to_first_token_secs: since(self.first_token_at),
+            prompt_tokens_per_sec: per_sec(self.computed_prompt, prefill_secs),
+            decode_tokens_per_sec: per_sec(out.tokens.len().saturating_sub(1), decode_secs),
+            peak_rss_bytes: peak_rss_bytes(),
+        };
+        Ok(out)
+    }
+}
+
+/// A prompt of `prompt` tokens must leave room for one generated token in the context.
+pub(crate) fn check_fits(prompt: usize, context_len: usize) -> Result<(), EngineError> {
+    if prompt == 0 {
+        return Err(EngineError::Request("the prompt is empty".into()));
+    }
+    if prompt >= context_len {
+        return Err(EngineError::Request(format!(
+            "the prompt has {prompt} tokens; the context holds {context_len} (prompt plus at least one generated token)"
+        )));
+    }
+    Ok(())
+}
