@@ -7,7 +7,7 @@ use kiln_model::arch::LogitsWanted;
 use kiln_model::backend::{Backend, BatchLayout, KvLayerState, KvLayout, KvStore};
 
 use crate::EngineError;
-use crate::kv_scheme::memory::{CPU_KV_CAPS_SLIDING, KvGeometry};
+use crate::kv_scheme::memory::KvGeometry;
 use crate::kv_scheme::{DenseDtype, KvModelShape, KvScheme};
 use crate::load::LoadedModel;
 use crate::prompt_cache::{PromptCache, PromptCacheStats};
@@ -437,7 +437,8 @@ fn new_scheduler<B: Backend>(
     let lane = Lane::for_backend(backend, &options.kv_scheme, &shape, cfg.head_dim);
     let mut sched = Scheduler::new(options.slots, lane, options.batch_tokens);
     sched.budget = options.kv_budget_bytes.map(|room| {
-        let geometry = KvGeometry::new(cfg, &options.kv_scheme, CPU_KV_CAPS_SLIDING);
+        let caps_sliding = backend.memory_profile().caps_sliding;
+        let geometry = KvGeometry::new(cfg, &options.kv_scheme, caps_sliding);
         KvBudget::new(room, geometry, options.prefill_chunk)
     });
     sched

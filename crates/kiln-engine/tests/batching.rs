@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use kiln_engine::kv_scheme::memory::{CPU_KV_CAPS_SLIDING, KvGeometry};
+use kiln_engine::kv_scheme::memory::KvGeometry;
 use kiln_engine::kv_scheme::{
     KvModelShape, KvQuantOverride, KvScheme, KvSchemeRequest, TurboQuant, resolve_kv_scheme,
 };
@@ -14,6 +14,7 @@ use kiln_engine::sched::lane::StoreAbilities;
 use kiln_engine::{
     Engine, EngineOptions, FinishReason, GenerateOutput, GenerateRequest, SequenceSink, load_model,
 };
+use kiln_model::backend::cpu::memory::CPU_KV_CAPS_SLIDING;
 use kiln_model::backend::cpu::{CpuBackend, CpuOptions};
 use kiln_model::chat_template::prompt_ids;
 

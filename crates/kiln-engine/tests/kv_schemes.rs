@@ -6,11 +6,12 @@ use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 use kiln_engine::eval::compare_logits;
-use kiln_engine::kv_scheme::memory::{CPU_KV_CAPS_SLIDING, KvGeometry};
+use kiln_engine::kv_scheme::memory::KvGeometry;
 use kiln_engine::kv_scheme::{
     DenseDtype, KvQuantOverride, KvScheme, KvSchemeRequest, TurboQuant, resolve_kv_scheme,
 };
 use kiln_engine::{Engine, EngineOptions, load_model};
+use kiln_model::backend::cpu::memory::CPU_KV_CAPS_SLIDING;
 use kiln_model::backend::cpu::{CpuBackend, CpuOptions};
 use kiln_model::backend::{BatchLayout, KvLayerState, KvStore};
 

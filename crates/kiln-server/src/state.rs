@@ -67,7 +67,7 @@ impl ModelInfo {
             kv_bytes_per_token: kiln_engine::kv_scheme::memory::KvGeometry::new(
                 c,
                 &engine.options().kv_scheme,
-                kiln_engine::kv_scheme::memory::CPU_KV_CAPS_SLIDING,
+                engine.backend().memory_profile().caps_sliding,
             )
             .bytes_per_token(),
             load_secs: m.load_secs,

@@ -1,50 +1,15 @@
-//! The memory model (spec §6.4, §6.6) for kiln's own kernels: KV bytes per token per scheme and
-//! layer, the prefill transient of the CPU backend, the runtime overhead, the memory the process
-//! may really use, and `fit` — what `kiln fit` prints and admission will bill.
+//! The memory model (spec §6.4, §6.6): KV bytes per token per scheme and layer, the memory the
+//! process may really use, and `fit` — what `kiln fit` prints and admission bills. What depends
+//! on the backend (its forward transient, runtime overhead, read rates, whether its store caps
+//! sliding layers) comes from the backend ([`Backend::memory_profile`],
+//! [`Backend::forward_transient_bytes`]).
 
 use std::path::Path;
 
-use kiln_model::config::{Architecture, LayerAttention, ModelConfig};
+use kiln_model::backend::{Backend, MemoryProfile};
+use kiln_model::config::{LayerAttention, ModelConfig};
 
 use super::{KvLayerKind, KvModelShape, KvScheme, KvSchemeKind, LayerQuant};
-
-/// Whether the CPU store caps sliding-window layers at their window. It does not: `CpuKv`
-/// keeps every position of every layer (no ring buffer), so `fit` bills sliding layers for the
-/// whole context; the spec's capped formula is [`KvGeometry::bytes_at`] with `cap_sliding`.
-pub const CPU_KV_CAPS_SLIDING: bool = false;
-
-/// Process memory besides weights, KV and the prefill transient: code, the tokenizer, the
-/// thread pool, allocator slack. Measured with the starter model (SmolLM2-135M Q4_1, 96,576,768
-/// bytes of tensors, a 49,152-token vocabulary): `kiln generate MODEL Hi --max-tokens 1` peaks
-/// at 127.6 MB after loading, whose own transients are a few hundred KB, so ~31 MB is the rest.
-/// With 30 MB, 2,048-token generations measure 1.6% (dense) and 2.3% (kv4) under `fit` (the test
-/// `crates/kiln/tests/kv_memory.rs` holds them within ±10%).
-pub const RUNTIME_OVERHEAD_BYTES: u64 = 30_000_000;
-
-/// Weight bytes a decoded token streams per second on the machine kiln was measured on (2
-/// shared cores, AVX-512, weights on huge pages: SmolLM2-135M Q4_1, 96.6 MB of tensors,
-/// decodes at ~305 tok/s at depth 0 with 2 threads ⇒ ~30 GB/s, the machine's read bandwidth;
-/// 320–386 tok/s at 81d108e, as the machine's memory moved between ~34 and ~57 GB/s).
-/// Only an estimate for `kiln fit`'s predicted tok/s: real speed depends on the cores, their
-/// count, their instruction set and the memory system.
-pub const DECODE_BYTES_PER_SEC: f64 = 30e9;
-
-/// Cache bytes attention reads per second in decode on the same machine: after the 16-bit and
-/// quantized tile decoders (commits 7b2453d–81d108e), the same model decodes at 134–143 tok/s
-/// at depth 2,048 with a dense f32 cache (94.4 MB a token at that depth), of which the weights
-/// take 3.1 ms ⇒ ~4.0 ms for the cache ⇒ ~23 GB/s.
-pub const DECODE_KV_BYTES_PER_SEC: f64 = 23e9;
-
-/// Attention's cost per cached key or value element in decode, whatever its storage: the floor
-/// a compact cache meets however few bytes it holds (scoring and decoding are compute).
-/// Measured on the same machine at depth 2,048 (2,048 × 30 layers × 384 elements): kv4
-/// 169–173 tok/s ⇒ ~2.7 ms ⇒ ~0.12 ns each. kv8 (150–159) lands within 10% of the estimate;
-/// a dense f16 cache (136–141, ~0.17 ns an element) runs ~20% under it.
-pub const DECODE_KV_SECONDS_PER_ELEMENT: f64 = 0.12e-9;
-
-/// The same floor for a TurboQuant cache, whose rows cost a centroid lookup per element and
-/// a rotation per head: k8v3 at depth 2,048 decodes at 98–101 tok/s ⇒ ~0.29 ns an element.
-pub const DECODE_TURBO_SECONDS_PER_ELEMENT: f64 = 0.29e-9;
 
 /// The prefill chunk kiln's engine uses (`EngineOptions::prefill_chunk`).
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
@@ -92,7 +57,7 @@ pub fn turbo_bytes_per_token(kv_heads: usize, head_dim: usize, k_bits: u8, v_bit
 
 impl KvGeometry {
     /// The geometry of `cfg` under `scheme`; `cap_sliding` as the store does
-    /// ([`CPU_KV_CAPS_SLIDING`] for kiln's CPU store).
+    /// ([`MemoryProfile::caps_sliding`]).
     pub fn new(cfg: &ModelConfig, scheme: &KvScheme, cap_sliding: bool) -> Self {
         let shape = KvModelShape::from_config(cfg);
         let (kvh, hd) = (cfg.num_kv_heads, cfg.head_dim);
@@ -200,77 +165,11 @@ impl KvGeometry {
     }
 }
 
-/// Bytes the CPU backend allocates besides weights and KV while prefilling a chunk of
-/// `min(chunk, ctx)` tokens — the term the seed's `sdpaFallbackBytes` plays for MLX. kiln's
-/// attention keeps no `[chunk × keys]` score matrix (each worker scores one block of query rows
-/// at a time, below), so the transient is the chunk's activations, all f32 `[c × width]`, as
-/// `arch/decoder.rs::forward_layer` allocates them; each lives to the end of the layer:
-///
-/// - residual `x` and the attention norm's output: `2·hidden`;
-/// - `q` and the attention output: `2·q_width`; `k`, `v`: `2·kv_width`;
-/// - the output projection and the MLP norm's output: `2·hidden`;
-/// - `gate`, `up` and the GLU product: `3·intermediate`; `down`: `hidden`;
-/// - Gemma's sandwich norms produce one more `hidden` row while replacing `o`/`down`;
-/// - the attention kernel's query list (`16` bytes per token) and positions (`8`);
-/// - the matmul's reusable activation scratch, kept after the first prefill: for the widest
-///   input, bounded by all its formats at once (f32 copy 4, Q8_0 34/32, Q8_1 36/32, Q8_K
-///   292/256 bytes per element) plus the interleaved Q8_0 copy of the AVX-512 tiles (192/128)
-///   and the Q8_1 block sums of the repacked kernels (4/32);
-/// - the previous step's logits row (`vocab` f32), kept by the engine while the next forward
-///   runs.
-///
-/// After the layers, the last row's norm, logits and their host copy (`3·vocab` with the
-/// engine's previous row) replace the layer temporaries; the larger of the two phases counts.
-///
-/// The attention kernel's per-worker buffers (`backend/cpu/attention.rs`, thread-local
-/// `Scratch`, kept between calls) add, with `v = QUERY_BLOCK · group` query vectors per
-/// prefill task, `threads · 4 · (v · (keys + QUERY_BLOCK) + 2 · ATTENTION_TILE · head_dim +
-/// 2 · v · head_dim + v)`: a row of scores per query vector over the block's keys (a block's
-/// rows see up to `QUERY_BLOCK − 1` keys more than one row), a decoded tile and its transposed
-/// copy, the block's (rotated) queries and unnormalised outputs, and their softmax sums; keys is
-/// `ctx` (a sliding layer's window when every layer slides). Decode needs less of each.
-pub fn prefill_transient_bytes(cfg: &ModelConfig, chunk: usize, ctx: usize, threads: usize) -> u64 {
-    let c = chunk.min(ctx).max(1) as u64;
-    let keys = cfg
-        .layer_attention
-        .iter()
-        .map(|a| match a {
-            LayerAttention::Full => ctx,
-            LayerAttention::Sliding { window } => ctx.min(*window),
-        })
-        .max()
-        .unwrap_or(ctx) as u64;
-    let group = (cfg.num_heads / cfg.num_kv_heads.max(1)) as u64;
-    let hd = cfg.head_dim as u64;
-    let block = kiln_model::backend::cpu::QUERY_BLOCK as u64;
-    let tile = kiln_model::backend::cpu::ATTENTION_TILE as u64;
-    let v = block * group;
-    let per_thread = v * (keys + block) + 2 * tile * hd + 2 * v * hd + v;
-    let scores = threads.max(1) as u64 * per_thread * 4;
-    let (h, qw, kvw, inter) = (
-        cfg.hidden_size as u64,
-        cfg.q_width() as u64,
-        cfg.kv_width() as u64,
-        cfg.intermediate_size as u64,
-    );
-    let vocab = cfg.vocab_size as u64;
-    let sandwich = if cfg.arch == Architecture::Gemma3 {
-        h
-    } else {
-        0
-    };
-    let layer_floats = 5 * h + 2 * qw + 2 * kvw + 3 * inter + sandwich;
-    let widest = h.max(qw).max(inter);
-    let scratch = (c * widest * (1024 + 272 + 288 + 292 + 384 + 32)).div_ceil(256);
-    let in_layer = c * layer_floats * 4 + c * 24 + vocab * 4;
-    let after_layers = c * h * 4 + 2 * h * 4 + 3 * vocab * 4;
-    scratch + scores + in_layer.max(after_layers)
-}
-
 /// Peak RSS while loading: each tensor is copied out of the file mapping and its mapped pages
-/// released, so at worst the copies so far plus the largest tensor's pages are resident.
-pub fn load_peak_bytes(weight_bytes: u64, largest_tensor_bytes: u64) -> u64 {
-    weight_bytes + largest_tensor_bytes + RUNTIME_OVERHEAD_BYTES
+/// released, so at worst the copies so far plus the largest tensor's pages are resident, with
+/// the backend's runtime overhead.
+pub fn load_peak_bytes(weight_bytes: u64, largest_tensor_bytes: u64, overhead: u64) -> u64 {
+    weight_bytes + largest_tensor_bytes + overhead
 }
 
 /// What `fit` was asked.
@@ -307,7 +206,7 @@ pub struct FitReport {
     pub kv_bytes: u64,
     /// Prefill transient at `ctx`.
     pub transient_bytes: u64,
-    /// [`RUNTIME_OVERHEAD_BYTES`].
+    /// The backend's [`MemoryProfile::runtime_overhead_bytes`].
     pub runtime_overhead_bytes: u64,
     /// Peak while loading.
     pub load_peak_bytes: u64,
@@ -327,23 +226,34 @@ pub struct FitReport {
     /// The longest context the memory alone allows, ignoring the trained context (capped at
     /// 2^24 positions): how far the scheme stretches the budget.
     pub memory_context_limit: usize,
-    /// Estimated decode speed at `ctx`: a token reads the weights at [`DECODE_BYTES_PER_SEC`]
-    /// and the cache at [`DECODE_KV_BYTES_PER_SEC`], but no faster than
-    /// [`DECODE_KV_SECONDS_PER_ELEMENT`] ([`DECODE_TURBO_SECONDS_PER_ELEMENT`] for TurboQuant)
-    /// per cached element.
+    /// Estimated decode speed at `ctx`: a token reads the weights and the cache at the
+    /// backend's read rates, but no faster than its cost per cached element
+    /// ([`MemoryProfile`]).
     pub predicted_decode_tok_s: f64,
 }
 
-/// Evaluates a model of `cfg` under `scheme` at `p.ctx` and finds its longest safe context.
-pub fn fit(cfg: &ModelConfig, scheme: &KvScheme, p: FitParams) -> FitReport {
-    let geo = KvGeometry::new(cfg, scheme, CPU_KV_CAPS_SLIDING);
+/// Evaluates a model of `cfg` under `scheme` on `backend` at `p.ctx` and finds its longest
+/// safe context.
+pub fn fit<B: Backend>(
+    backend: &B,
+    cfg: &ModelConfig,
+    scheme: &KvScheme,
+    p: FitParams,
+) -> FitReport {
+    let profile: MemoryProfile = backend.memory_profile();
+    let geo = KvGeometry::new(cfg, scheme, profile.caps_sliding);
+    let transient = |t: usize| backend.forward_transient_bytes(cfg, p.chunk, t, p.threads);
     let total = |t: usize| -> u64 {
         p.weight_bytes
-            + RUNTIME_OVERHEAD_BYTES
+            + profile.runtime_overhead_bytes
             + geo.peak_bytes_at(t, p.chunk)
-            + prefill_transient_bytes(cfg, p.chunk, t, p.threads)
+            + transient(t)
     };
-    let load_peak = load_peak_bytes(p.weight_bytes, p.largest_tensor_bytes);
+    let load_peak = load_peak_bytes(
+        p.weight_bytes,
+        p.largest_tensor_bytes,
+        profile.runtime_overhead_bytes,
+    );
     let fits_at = |t: usize| total(t).max(load_peak) <= p.budget_bytes;
     // `total` never decreases with `t`, so the largest fitting context is a binary search.
     let largest_fitting = |limit: usize| {
@@ -374,11 +284,13 @@ pub fn fit(cfg: &ModelConfig, scheme: &KvScheme, p: FitParams) -> FitReport {
         .map(|positions| (2 * positions * cfg.kv_width()) as f64)
         .sum();
     let per_element = match scheme.kind {
-        KvSchemeKind::Turbo => DECODE_TURBO_SECONDS_PER_ELEMENT,
-        _ => DECODE_KV_SECONDS_PER_ELEMENT,
+        KvSchemeKind::Turbo => profile.decode_turbo_seconds_per_element,
+        _ => profile.decode_kv_seconds_per_element,
     };
-    let kv_seconds = (kv_read as f64 / DECODE_KV_BYTES_PER_SEC).max(kv_elements * per_element);
-    let seconds_per_token = p.weight_bytes as f64 / DECODE_BYTES_PER_SEC + kv_seconds;
+    let kv_seconds =
+        (kv_read as f64 / profile.decode_kv_bytes_per_sec).max(kv_elements * per_element);
+    let seconds_per_token =
+        p.weight_bytes as f64 / profile.decode_weight_bytes_per_sec + kv_seconds;
     FitReport {
         kv_scheme: scheme.cache_key(),
         weights_bytes: p.weight_bytes,
@@ -386,8 +298,8 @@ pub fn fit(cfg: &ModelConfig, scheme: &KvScheme, p: FitParams) -> FitReport {
         kv_dense_bytes_per_token: geo.dense_bytes_per_token(),
         ctx: p.ctx,
         kv_bytes,
-        transient_bytes: prefill_transient_bytes(cfg, p.chunk, p.ctx, p.threads),
-        runtime_overhead_bytes: RUNTIME_OVERHEAD_BYTES,
+        transient_bytes: transient(p.ctx),
+        runtime_overhead_bytes: profile.runtime_overhead_bytes,
         load_peak_bytes: load_peak,
         total_bytes,
         peak_bytes,

@@ -3,11 +3,18 @@
 
 use kiln_model::config::{Activation, Architecture, LayerAttention, ModelConfig, RopeConfig};
 
+use kiln_model::backend::cpu::memory::{RUNTIME_OVERHEAD_BYTES, forward_transient_bytes};
+use kiln_model::backend::cpu::{CpuBackend, CpuOptions};
+
 use super::memory::{
-    FitParams, KvGeometry, RUNTIME_OVERHEAD_BYTES, affine_bytes_per_token, fit, load_peak_bytes,
-    parse_cgroup_limit, parse_mem_available, prefill_transient_bytes,
+    FitParams, KvGeometry, affine_bytes_per_token, fit, load_peak_bytes, parse_cgroup_limit,
+    parse_mem_available,
 };
 use super::*;
+
+fn cpu() -> CpuBackend {
+    CpuBackend::new(CpuOptions::default())
+}
 
 fn uniform(bits: u8, group: Option<usize>, start: Option<usize>) -> KvScheme {
     KvScheme {
@@ -593,12 +600,12 @@ fn transient_is_the_chunk_activations_by_hand() {
     // over 4096 + 16 keys, two 64×64 tiles, the block's queries and outputs, and its sums.
     let scores = 2 * (48 * (4096 + 16) + 2 * 64 * 64 + 2 * 48 * 64 + 48) * 4;
     assert_eq!(
-        prefill_transient_bytes(&cfg, 512, 4096, 2),
+        forward_transient_bytes(&cfg, 512, 4096, 2),
         scratch + scores + layer
     );
     // A shorter context shrinks the chunk.
     assert!(
-        prefill_transient_bytes(&cfg, 512, 10, 2) < prefill_transient_bytes(&cfg, 512, 4096, 2)
+        forward_transient_bytes(&cfg, 512, 10, 2) < forward_transient_bytes(&cfg, 512, 4096, 2)
     );
 }
 
@@ -609,10 +616,11 @@ fn fit_adds_up_and_finds_the_largest_safe_context() {
     let scheme = KvScheme::dense(DenseDtype::F32);
     let kv_per = 30 * 1536u64;
     let total_at = |t: usize| {
-        w + RUNTIME_OVERHEAD_BYTES + kv_per * t as u64 + prefill_transient_bytes(&cfg, 512, t, 2)
+        w + RUNTIME_OVERHEAD_BYTES + kv_per * t as u64 + forward_transient_bytes(&cfg, 512, t, 2)
     };
     let budget = total_at(3000);
     let r = fit(
+        &cpu(),
         &cfg,
         &scheme,
         FitParams {
@@ -628,9 +636,13 @@ fn fit_adds_up_and_finds_the_largest_safe_context() {
     assert_eq!(r.kv_bytes, kv_per * 2048);
     assert!(r.fits);
     assert_eq!(r.max_safe_context, 3000);
-    assert_eq!(r.load_peak_bytes, load_peak_bytes(w, w / 8));
+    assert_eq!(
+        r.load_peak_bytes,
+        load_peak_bytes(w, w / 8, RUNTIME_OVERHEAD_BYTES)
+    );
     // Too small for the load peak: nothing fits.
     let r = fit(
+        &cpu(),
         &cfg,
         &scheme,
         FitParams {
@@ -646,6 +658,7 @@ fn fit_adds_up_and_finds_the_largest_safe_context() {
     assert_eq!(r.max_safe_context, 0);
     // Clamped to the trained context.
     let r = fit(
+        &cpu(),
         &cfg,
         &scheme,
         FitParams {

@@ -210,6 +210,24 @@ impl KvSnapshot {
     }
 }
 
+/// A backend's figures for the engine's memory model: what `fit` and the scheduler's budget
+/// bill besides weights and KV, and the rates that predict decode speed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemoryProfile {
+    /// Process memory besides weights, KV and the forward transient.
+    pub runtime_overhead_bytes: u64,
+    /// Whether the KV store keeps only a sliding layer's window.
+    pub caps_sliding: bool,
+    /// Weight bytes a decoded token streams per second.
+    pub decode_weight_bytes_per_sec: f64,
+    /// Cache bytes attention reads per second in decode.
+    pub decode_kv_bytes_per_sec: f64,
+    /// Attention's floor per cached key or value element in decode.
+    pub decode_kv_seconds_per_element: f64,
+    /// The same floor for a TurboQuant cache.
+    pub decode_turbo_seconds_per_element: f64,
+}
+
 /// Where forward time went, in nanoseconds, since the last [`Backend::take_profile`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct OpProfile {
@@ -278,6 +296,18 @@ pub trait Backend: Send + Sync {
         let _ = (format, layer, head_dim);
         false
     }
+
+    /// The figures the engine's memory model bills for this backend.
+    fn memory_profile(&self) -> MemoryProfile;
+    /// Bytes a forward of `tokens` tokens at a context of `ctx` positions allocates besides
+    /// weights and KV, with `threads` kernel workers.
+    fn forward_transient_bytes(
+        &self,
+        cfg: &crate::config::ModelConfig,
+        tokens: usize,
+        ctx: usize,
+        threads: usize,
+    ) -> u64;
 
     /// Looks up embedding rows, optionally multiplying them by `scale`.
     fn embed(

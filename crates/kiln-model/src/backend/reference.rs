@@ -73,6 +73,22 @@ impl Backend for ReferenceBackend {
         t.to_f32()
     }
 
+    /// The CPU backend's figures: the same f32 activation rows. Its weights are f32 in memory,
+    /// which a file's weight bytes understate; it is an oracle for tests, never served.
+    fn memory_profile(&self) -> super::MemoryProfile {
+        super::cpu::memory::PROFILE
+    }
+
+    fn forward_transient_bytes(
+        &self,
+        cfg: &crate::config::ModelConfig,
+        tokens: usize,
+        ctx: usize,
+        threads: usize,
+    ) -> u64 {
+        super::cpu::memory::forward_transient_bytes(cfg, tokens, ctx, threads)
+    }
+
     fn new_kv(&self, layout: KvLayout) -> Result<RefKv, ModelError> {
         let empty = || vec![vec![Vec::new(); layout.n_layers]; layout.n_slots];
         Ok(RefKv {

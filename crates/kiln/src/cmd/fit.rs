@@ -76,7 +76,9 @@ fn compute(
             None => return Ok(None),
         },
     };
+    let backend = kiln_model::backend::cpu::CpuBackend::new(Default::default());
     let report = memory::fit(
+        &backend,
         cfg,
         &scheme,
         FitParams {

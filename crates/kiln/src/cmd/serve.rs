@@ -54,8 +54,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub parallel: Option<usize>,
     /// Most tokens one forward computes: every running sequence's next token, then prompt
-    /// chunks up to this.
-    #[arg(long, default_value_t = kiln_engine::kv_scheme::memory::DEFAULT_PREFILL_CHUNK)]
+    /// chunks up to this (prompt chunks are never longer).
+    #[arg(long, default_value_t = DEFAULT_BATCH_TOKENS)]
     pub batch_tokens: usize,
     /// How heavy lab jobs share the CPU with inference: `exclusive` makes new generations wait
     /// while a heavy job runs (the cores are the same); `shared` lets both run.
@@ -128,6 +128,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .as_ref()
             .map(|m| kv_room(&m.fit, cfg, o, args.batch_tokens, threads));
         o.batch_tokens = args.batch_tokens;
+        // A prompt chunk larger than a step's budget would make every prefill step overrun it.
+        o.prefill_chunk = o.prefill_chunk.min(args.batch_tokens);
         o.slots = parallel(args.parallel, room, cfg, o)?;
         o.kv_budget_bytes = room;
         // The prompt cache lives inside the same room.
@@ -228,6 +230,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     })
 }
 
+/// `--batch-tokens`' default: prefill runs as fast per token in forwards of 64 to 512 tokens,
+/// and smaller steps let running sequences decode sooner; 256 had the best TTFT p90 at 8 and 32
+/// clients (docs/benchmarks.md, "Continuous batching").
+const DEFAULT_BATCH_TOKENS: usize = 256;
+
 /// The most `--parallel` accepts: each slot reserves (not commits) a full context of KV.
 const MAX_PARALLEL: usize = 1024;
 
@@ -243,7 +250,9 @@ fn kv_room(
     batch_tokens: usize,
     threads: usize,
 ) -> u64 {
-    let transient = kiln_engine::kv_scheme::memory::prefill_transient_bytes(
+    use kiln_model::backend::Backend;
+    let backend = kiln_model::backend::cpu::CpuBackend::new(Default::default());
+    let transient = backend.forward_transient_bytes(
         cfg,
         batch_tokens.max(o.prefill_chunk),
         o.context_len,
@@ -270,7 +279,10 @@ fn parallel(
     let geo = kiln_engine::kv_scheme::memory::KvGeometry::new(
         cfg,
         &o.kv_scheme,
-        kiln_engine::kv_scheme::memory::CPU_KV_CAPS_SLIDING,
+        kiln_model::backend::Backend::memory_profile(&kiln_model::backend::cpu::CpuBackend::new(
+            Default::default(),
+        ))
+        .caps_sliding,
     );
     let per_sequence = geo.peak_bytes_at(o.context_len, o.prefill_chunk).max(1);
     Ok(((room / per_sequence) as usize).clamp(1, DEFAULT_PARALLEL_CAP))

@@ -5,6 +5,7 @@ mod elementwise;
 mod kv;
 mod kv_buf;
 mod kv_cell;
+pub mod memory;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +21,7 @@ pub use kv::CpuKv;
 
 use super::{
     AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, KvPlan, KvQuantFormat,
-    OpProfile, RopeAngles,
+    MemoryProfile, OpProfile, RopeAngles,
 };
 use crate::ModelError;
 use crate::config::Activation;
@@ -184,6 +185,20 @@ impl Backend for CpuBackend {
 
     fn kv_converts_per_slot(&self) -> bool {
         true
+    }
+
+    fn memory_profile(&self) -> MemoryProfile {
+        memory::PROFILE
+    }
+
+    fn forward_transient_bytes(
+        &self,
+        cfg: &crate::config::ModelConfig,
+        tokens: usize,
+        ctx: usize,
+        threads: usize,
+    ) -> u64 {
+        memory::forward_transient_bytes(cfg, tokens, ctx, threads)
     }
 
     fn kv_can_store(&self, format: KvQuantFormat, layer: usize, head_dim: usize) -> bool {
