@@ -112,6 +112,34 @@ fn every_verb_has_help() {
 }
 
 #[test]
+fn bench_decodes_several_sequences_per_step() {
+    let o = kiln(&[
+        "bench",
+        "smollm2",
+        "-p",
+        "0",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "-b",
+        "1,3",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let tests: Vec<&str> = v
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|r| r["test"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(tests, ["tg4", "tg4 x3"]);
+}
+
+#[test]
 fn bad_input_fails_with_a_clear_message_not_a_panic() {
     let dir = std::env::temp_dir().join(format!("kiln-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp");
@@ -175,6 +203,28 @@ fn bad_input_fails_with_a_clear_message_not_a_panic() {
         (
             vec!["generate".into(), "smollm2".into(), "".into()],
             "empty",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "smollm2".into(),
+                "--parallel".into(),
+                "0".into(),
+            ],
+            "--parallel",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "smollm2".into(),
+                "--batch-tokens".into(),
+                "0".into(),
+            ],
+            "--batch-tokens",
+        ),
+        (
+            vec!["bench".into(), "smollm2".into(), "-b".into(), "0".into()],
+            "--batch",
         ),
     ];
     for (args, needle) in cases {
