@@ -260,22 +260,6 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// One forward of slot 0, then the conversion of every layer the scheme says is due.
-    fn forward_slot0(
-        &mut self,
-        tokens: &[u32],
-        batch: &BatchLayout,
-        want: LogitsWanted,
-    ) -> Result<Vec<f32>, EngineError> {
-        let logits = self
-            .model
-            .model
-            .forward(&self.backend, &mut self.kv, tokens, batch, want)?;
-        self.kv.convert_due(0)?;
-        self.sched.slots.wrote(0, self.kv.seq_len(0));
-        Ok(logits)
-    }
-
     /// KV positions free slots keep for prefix reuse.
     pub fn cached_len(&self) -> usize {
         self.sched.slots.parked_positions()
@@ -338,23 +322,7 @@ impl<B: Backend> Engine<B> {
         tokens: &[u32],
         batch: &BatchLayout,
     ) -> Result<Vec<f32>, EngineError> {
-        if batch.spans.len() == 1 && batch.spans[0].slot == 0 {
-            return self.forward_slot0(tokens, batch, LogitsWanted::LastOfEach);
-        }
-        let logits = self.model.model.forward(
-            &self.backend,
-            &mut self.kv,
-            tokens,
-            batch,
-            LogitsWanted::LastOfEach,
-        )?;
-        for span in &batch.spans {
-            self.kv.convert_due(span.slot)?;
-            self.sched
-                .slots
-                .wrote(span.slot, self.kv.seq_len(span.slot));
-        }
-        Ok(logits)
+        self.forward_spans(tokens, batch, LogitsWanted::LastOfEach)
     }
 
     /// Logits for every position of `tokens`, computed from an empty cache (evaluation) in
@@ -378,7 +346,7 @@ impl<B: Backend> Engine<B> {
         let mut out = Vec::with_capacity(tokens.len() * self.model.config.vocab_size);
         for (i, part) in tokens.chunks(chunk).enumerate() {
             let batch = BatchLayout::single(0, i * chunk, part.len());
-            out.extend(self.forward_slot0(part, &batch, LogitsWanted::All)?);
+            out.extend(self.forward_spans(part, &batch, LogitsWanted::All)?);
         }
         self.sched.slots.slots[0].tokens = tokens.to_vec();
         Ok(out)

@@ -97,18 +97,7 @@ impl PromptCache {
             last_used: self.clock,
         });
         self.stats.saves += 1;
-        while self.bytes() > self.max_bytes && self.entries.len() > 1 {
-            let oldest = self
-                .entries
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, e)| e.last_used)
-                .map(|(i, _)| i);
-            if let Some(i) = oldest {
-                self.entries.swap_remove(i);
-                self.stats.evictions += 1;
-            }
-        }
+        while self.bytes() > self.max_bytes && self.entries.len() > 1 && self.evict_oldest() {}
         self.refresh();
     }
 

@@ -6,12 +6,17 @@ use kiln_engine::{Engine, EngineOptions, GenerateRequest, load_model};
 use kiln_model::backend::cpu::{CpuBackend, CpuOptions};
 
 fn engine() -> Engine<CpuBackend> {
+    engine_with_slots(1)
+}
+
+fn engine_with_slots(slots: usize) -> Engine<CpuBackend> {
     let path = kiln_hub::ensure_starter_model(false).expect("starter model");
     let backend = CpuBackend::new(CpuOptions { dense: false });
     let model = load_model(&backend, &path).expect("load");
     let options = EngineOptions {
         context_len: 256,
         prefill_chunk: 32,
+        slots,
         ..EngineOptions::default()
     };
     Engine::new(backend, model, options).expect("engine")
@@ -82,16 +87,7 @@ fn without_the_cache_only_the_slot_is_reused() {
 /// its prefix (llama.cpp's slot choice), and the output matches a cold engine's.
 #[test]
 fn each_conversation_returns_to_the_slot_with_its_prefix() {
-    let path = kiln_hub::ensure_starter_model(false).expect("starter model");
-    let backend = CpuBackend::new(CpuOptions { dense: false });
-    let model = load_model(&backend, &path).expect("load");
-    let options = EngineOptions {
-        context_len: 256,
-        prefill_chunk: 32,
-        slots: 2,
-        ..EngineOptions::default()
-    };
-    let mut e = Engine::new(backend, model, options).expect("engine");
+    let mut e = engine_with_slots(2);
     let a = greedy(
         &e,
         "The old lighthouse keeper climbed the stairs every night and",

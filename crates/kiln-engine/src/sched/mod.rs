@@ -225,7 +225,7 @@ impl<B: Backend> Engine<B> {
             return Ok(StepReport::default());
         }
         let (tokens, layout) = self.layout_of(&plan);
-        let logits = match self.forward_spans(&tokens, &layout) {
+        let logits = match self.forward_spans(&tokens, &layout, LogitsWanted::LastOfEach) {
             Ok(l) => l,
             Err(e) => {
                 self.fail_planned(&plan, &e.to_string());
@@ -247,18 +247,16 @@ impl<B: Backend> Engine<B> {
     }
 
     /// One forward of `layout`, then the conversion of every layer due in each of its slots.
-    fn forward_spans(
+    pub(crate) fn forward_spans(
         &mut self,
         tokens: &[u32],
         layout: &BatchLayout,
+        want: LogitsWanted,
     ) -> Result<Vec<f32>, EngineError> {
-        let logits = self.model.model.forward(
-            &self.backend,
-            &mut self.kv,
-            tokens,
-            layout,
-            LogitsWanted::LastOfEach,
-        )?;
+        let logits = self
+            .model
+            .model
+            .forward(&self.backend, &mut self.kv, tokens, layout, want)?;
         for span in &layout.spans {
             self.kv.convert_due(span.slot)?;
             self.sched
