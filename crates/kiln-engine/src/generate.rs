@@ -322,7 +322,19 @@ impl<B: Backend> Engine<B> {
         tokens: &[u32],
         batch: &BatchLayout,
     ) -> Result<Vec<f32>, EngineError> {
+        self.refuse_while_busy()?;
         self.forward_spans(tokens, batch, LogitsWanted::LastOfEach)
+    }
+
+    /// Benchmarks and evaluations write slots directly: never under running sequences.
+    fn refuse_while_busy(&self) -> Result<(), EngineError> {
+        if self.has_work() {
+            return Err(EngineError::Request(
+                "benchmark and evaluation forwards need an engine with no sequences in flight"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Logits for every position of `tokens`, computed from an empty cache (evaluation) in
@@ -339,6 +351,7 @@ impl<B: Backend> Engine<B> {
         chunk: usize,
     ) -> Result<Vec<f32>, EngineError> {
         check_fits(tokens.len(), self.options.context_len)?;
+        self.refuse_while_busy()?;
         if chunk == 0 {
             return Err(EngineError::Request("the chunk must be positive".into()));
         }

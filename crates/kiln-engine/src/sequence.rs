@@ -30,7 +30,7 @@ pub(crate) struct Decoding {
     first_token_at: Option<Instant>,
     /// Prompt tokens reused from a cache when the prompt was first computed.
     pub(crate) cached: usize,
-    /// Prompt tokens computed (not reused), counting recomputation after a preemption.
+    /// Prompt tokens computed (not reused), counting a preempted sequence's recomputation.
     computed_prompt: usize,
     done: bool,
 }
@@ -138,6 +138,11 @@ impl Decoding {
         }
         self.done = true;
         Ok(Next::Done)
+    }
+
+    /// Whether it ended because its listener left.
+    pub(crate) fn cancelled(&self) -> bool {
+        self.out.finish_reason == FinishReason::Cancelled
     }
 
     /// Marks the sequence cancelled (its client left).

@@ -303,3 +303,66 @@ fn batchable_decides_the_lane_for_each_scheme() {
     assert!(kv4.lane().batched);
     assert_eq!(kv4.scheduler_stats().max_sequences, 4);
 }
+
+/// A start gate that can be closed (a heavy job waiting for the lease).
+struct Gate(Arc<std::sync::atomic::AtomicBool>);
+
+impl kiln_engine::StartGate for Gate {
+    fn try_start(&self) -> Option<Box<dyn Send>> {
+        self.0
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then(|| Box::new(()) as Box<dyn Send>)
+    }
+}
+
+/// While the gate is closed nothing new starts, but a preempted sequence (which already holds
+/// its permit) still comes back and finishes, so the drain always ends.
+#[test]
+fn a_closed_gate_still_lets_preempted_sequences_finish() {
+    let probe = engine(options(1));
+    let cfg = &probe.model().config;
+    let geometry = KvGeometry::new(cfg, &probe.options().kv_scheme, CPU_KV_CAPS_SLIDING);
+    let reqs: Vec<GenerateRequest> = (0..3)
+        .map(|i| request(chat(&probe, &format!("Tell me about the number {i}.")), 40, None))
+        .collect();
+    let len = reqs.iter().map(|r| r.prompt.len()).max().unwrap();
+    // Room for one whole sequence and the start of another: the newer one is preempted.
+    let room = geometry.peak_bytes_at(len + 40, 32) + geometry.peak_bytes_at(len + 8, 32);
+    let mut e = engine(EngineOptions {
+        kv_budget_bytes: Some(room),
+        ..options(4)
+    });
+    e.set_prefix_reuse(false);
+    let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    e.set_start_gate(Arc::new(Gate(open.clone())));
+    let sinks: Vec<Sink> = reqs[..2]
+        .iter()
+        .map(|r| {
+            let s = Sink::default();
+            e.add(r, Box::new(s.clone())).expect("add");
+            s
+        })
+        .collect();
+    let mut steps = 0;
+    while e.scheduler_stats().preempted_total == 0 {
+        e.step().expect("step");
+        steps += 1;
+        assert!(steps < 500, "no preemption: {:?}", e.scheduler_stats());
+    }
+    open.store(false, std::sync::atomic::Ordering::SeqCst);
+    let late = Sink::default();
+    e.add(&reqs[2], Box::new(late.clone())).expect("add");
+    while sinks.iter().any(|s| s.0.lock().unwrap().out.is_none()) {
+        e.step().expect("step");
+        steps += 1;
+        assert!(steps < 2_000, "the drain never ended: {:?}", e.scheduler_stats());
+    }
+    let stats = e.scheduler_stats();
+    assert_eq!((stats.running, stats.waiting), (0, 1), "only the late one waits");
+    assert!(late.0.lock().unwrap().out.is_none(), "it started while the gate was closed");
+    open.store(true, std::sync::atomic::Ordering::SeqCst);
+    while e.has_work() {
+        e.step().expect("step");
+    }
+    assert_eq!(late.0.lock().unwrap().out.as_ref().map(|o| o.tokens.len()), Some(40));
+}

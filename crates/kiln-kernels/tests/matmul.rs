@@ -105,6 +105,39 @@ fn matmul_f32_matches_scalar() {
     }
 }
 
+/// A token's `matmul_f32` result is the same bits alone and among others (any tile position,
+/// ragged tiles), at every level: a decoding sequence's numbers do not depend on its batch.
+#[test]
+fn matmul_f32_rows_do_not_depend_on_the_batch() {
+    let mut rng = Rng::new(13);
+    let (rows, cols) = (40, 576);
+    let w: Vec<f32> = (0..rows * cols).map(|_| rng.sym()).collect();
+    let n = 11;
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
+    for level in supported_levels() {
+        let mut all = vec![0.0; rows * n];
+        matmul_f32_at(level, &w, rows, cols, &x, n, &mut all).unwrap();
+        for t in 0..n {
+            let mut one = vec![0.0; rows];
+            matmul_f32_at(
+                level,
+                &w,
+                rows,
+                cols,
+                &x[t * cols..(t + 1) * cols],
+                1,
+                &mut one,
+            )
+            .unwrap();
+            let same = one
+                .iter()
+                .zip(&all[t * rows..(t + 1) * rows])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{level:?}: token {t} alone differs from in the batch");
+        }
+    }
+}
+
 /// Speed of `matmul_f32` with 64 tokens (tiles) against 64 one-token calls (row dots), one
 /// thread, 576 × 576 and 1536 × 576. Run: `cargo test -p kiln-kernels --release --test matmul
 /// -- --ignored --nocapture bench_matmul_f32`.

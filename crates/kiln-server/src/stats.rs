@@ -20,7 +20,7 @@ fn kv_usage(state: &SharedState) -> f64 {
         .ok()
         .and_then(|r| r.as_ref().map(|r| r.positions))
         .unwrap_or_else(|| m.kv_used.load(Relaxed));
-    let slots = scheduler(state).map_or(1, |s| s.max_sequences.max(1));
+    let slots = scheduler(state).map_or(1, |s| s.slots.max(1));
     positions as f64 / (state.info.context_len.max(1) * slots) as f64
 }
 

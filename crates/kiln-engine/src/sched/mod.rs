@@ -72,6 +72,8 @@ pub struct SchedulerStats {
     pub waiting: usize,
     /// Most sequences running at once (`--parallel`; 1 in a solo lane).
     pub max_sequences: usize,
+    /// KV slots (running sequences and kept prefixes).
+    pub slots: usize,
     /// Token budget of one step (`--batch-tokens`).
     pub batch_tokens: usize,
     /// Whether sequences share forwards, and why not.
@@ -119,6 +121,7 @@ impl Scheduler {
             running: Vec::new(),
             stats: SchedulerStats {
                 max_sequences: if lane.batched { n_slots } else { 1 },
+                slots: n_slots,
                 batch_tokens,
                 lane: lane.clone(),
                 ..Default::default()
@@ -323,54 +326,91 @@ impl<B: Backend> Engine<B> {
         self.sched.slots.released(slot);
     }
 
-    /// Moves waiting sequences into the batch while there is a slot, the gate allows and the
-    /// memory budget holds their first chunk.
+    /// Moves waiting sequences into the batch, in order, while there is a slot and the memory
+    /// budget holds them. A sequence that never started needs the start gate's permit; while
+    /// the gate refuses (a heavy job waits: a drain), only sequences that already hold one —
+    /// preempted ones — may start. A sequence the budget cannot hold yet stops the others
+    /// behind it (first come, first served).
     fn admit(&mut self) {
-        while self.sched.running.len() < self.sched.max_running() {
-            let Some(mut seq) = self.sched.waiting.pop_front() else {
-                return;
-            };
-            if seq.permit.is_none() {
-                match self.sched.gate.as_ref().map(|g| g.try_start()) {
-                    Some(None) => {
-                        // Drain: nothing starts while a heavy job waits.
-                        self.sched.waiting.push_front(seq);
-                        return;
+        let mut queue = std::mem::take(&mut self.sched.waiting);
+        let mut gate_closed = false;
+        while let Some(mut seq) = queue.pop_front() {
+            if self.sched.running.len() >= self.sched.max_running() {
+                self.sched.waiting.push_back(seq);
+                continue;
+            }
+            if seq.permit.is_none()
+                && let Some(gate) = self.sched.gate.clone()
+            {
+                match (!gate_closed).then(|| gate.try_start()).flatten() {
+                    Some(p) => seq.permit = Some(p),
+                    None => {
+                        gate_closed = true;
+                        self.sched.waiting.push_back(seq);
+                        continue;
                     }
-                    Some(Some(p)) => seq.permit = Some(p),
-                    None => {}
                 }
             }
-            let reuse = self.sched.reuse_prefix;
-            let Some((slot, mut common)) = self.sched.slots.choose(&seq.dec.history, reuse) else {
-                self.sched.waiting.push_front(seq);
-                return;
-            };
-            common = self.restore_prefix(slot, &seq.dec.history, common);
-            let first = (seq.dec.history.len() - common).min(self.options.prefill_chunk);
-            match self.make_room(&[(slot, common + first)], Some(slot), false) {
-                Ok(_) => {}
-                Err(need) if self.sched.running.is_empty() => {
-                    let msg = self.over_budget_message(need);
-                    self.fail(seq, &msg);
-                    continue;
-                }
-                Err(_) => {
+            if let Err(mut seq) = self.start(seq) {
+                // Only a sequence that never ran gives its permit back while it waits for
+                // memory; one that ran keeps it, or a waiting job could never get the lease
+                // while it also keeps that sequence from starting.
+                if !seq.started {
                     seq.permit = None;
-                    self.sched.waiting.push_front(seq);
-                    return;
                 }
+                self.sched.waiting.push_back(seq);
+                self.sched.waiting.extend(queue.drain(..));
             }
-            self.sched.slots.claim(slot, seq.id);
-            self.kv.set_seq_len(slot, common);
-            seq.slot = Some(slot);
-            seq.computed = common;
-            if !seq.started {
-                seq.dec.cached = common;
-                seq.started = true;
-            }
-            self.sched.running.push(seq);
         }
+    }
+
+    /// Gives `seq` a slot (with the longest prefix it can reuse) if the budget holds it at its
+    /// whole current length beside every running sequence's next step; `Err` hands it back.
+    #[allow(clippy::result_large_err)]
+    fn start(&mut self, mut seq: Seq) -> Result<(), Seq> {
+        let reuse = self.sched.reuse_prefix;
+        let Some((slot, common)) = self.sched.slots.choose(&seq.dec.history, reuse) else {
+            return Err(seq);
+        };
+        let common = self.restore_prefix(slot, &seq.dec.history, common);
+        if common == 0 && self.sched.slots.slots[slot].high_water > 0 {
+            // Nothing to reuse: the old occupant's pages go, and with them its bill.
+            self.release_slot(slot);
+        }
+        let mut grows = self.running_growth();
+        grows.push((slot, seq.dec.history.len()));
+        match self.make_room(&grows, Some(slot), false) {
+            Ok(_) => {}
+            Err(need) if self.sched.running.is_empty() => {
+                let msg = self.over_budget_message(need);
+                self.fail(seq, &msg);
+                return Ok(());
+            }
+            Err(_) => return Err(seq),
+        }
+        self.sched.slots.claim(slot, seq.id);
+        self.kv.set_seq_len(slot, common);
+        seq.slot = Some(slot);
+        seq.computed = common;
+        if !seq.started {
+            seq.dec.cached = common;
+            seq.started = true;
+        }
+        self.sched.running.push(seq);
+        Ok(())
+    }
+
+    /// Each running sequence's slot and its length after one more chunk.
+    fn running_growth(&self) -> Vec<(usize, usize)> {
+        let chunk = self.options.prefill_chunk;
+        self.sched
+            .running
+            .iter()
+            .filter_map(|s| {
+                s.slot
+                    .map(|slot| (slot, s.computed + s.remaining().min(chunk)))
+            })
+            .collect()
     }
 
     /// The prefix of `prompt` slot `slot` holds after consulting the prompt cache: the slot's
@@ -473,7 +513,8 @@ impl<B: Backend> Engine<B> {
         let mut done = Vec::new();
         for (k, &(i, n)) in plan.iter().enumerate() {
             let seq = &mut self.sched.running[i];
-            if seq.dec.generated() == 0 {
+            // Prompt chunks, and the recomputation of a preempted sequence (not decode steps).
+            if n > 1 || seq.dec.generated() == 0 {
                 seq.dec.computed_prompt_tokens(n);
             }
             seq.computed += n;
@@ -492,7 +533,12 @@ impl<B: Backend> Engine<B> {
         for (i, err) in done.into_iter().rev() {
             let seq = self.sched.running.remove(i);
             match err {
-                None => self.finish(seq, false),
+                None => {
+                    if seq.dec.cancelled() {
+                        self.sched.stats.cancelled_total += 1;
+                    }
+                    self.finish(seq, false)
+                }
                 Some(msg) => self.fail(seq, &msg),
             }
         }
@@ -511,6 +557,14 @@ impl<B: Backend> Engine<B> {
         let Some(room) = self.sched.budget.as_ref().map(|b| b.room_bytes) else {
             return Ok(Room::Fits);
         };
+        if !preempt {
+            // Give nothing back unless that would be enough.
+            let bill = self.bill_with(grows);
+            let reclaimable = self.reclaimable_bytes(keep);
+            if bill.saturating_sub(reclaimable) > room {
+                return Err(bill - reclaimable - room);
+            }
+        }
         loop {
             let bill = self.bill_with(grows);
             if let Some(b) = self.sched.budget.as_mut() {
@@ -552,6 +606,22 @@ impl<B: Backend> Engine<B> {
         );
         self.sched.waiting.push_front(seq);
         true
+    }
+
+    /// Bytes that releasing free slots (but `keep`) and emptying the prompt cache would give.
+    fn reclaimable_bytes(&self, keep: Option<usize>) -> u64 {
+        let Some(b) = &self.sched.budget else {
+            return 0;
+        };
+        let slots: u64 = (self.sched.slots.slots.iter().enumerate())
+            .filter(|&(i, s)| s.owner.is_none() && Some(i) != keep)
+            .map(|(_, s)| b.slot_bytes(s.high_water))
+            .sum();
+        let cache = self
+            .prompt_cache
+            .as_ref()
+            .map_or(0, |c| c.stats().bytes as u64);
+        slots + cache
     }
 
     /// KV bytes billed now: every slot at its high-water mark, plus the prompt cache.

@@ -124,9 +124,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .unwrap_or_else(crate::common::available_threads);
     let mut cache_cap = args.prompt_cache_bytes;
     let mut engine = load_engine_with(&args.model, &args.runtime, |o, cfg| {
+        let sequences = args.parallel.unwrap_or(DEFAULT_PARALLEL_CAP);
         let room = memory
             .as_ref()
-            .map(|m| kv_room(&m.fit, cfg, o, args.batch_tokens, threads));
+            .map(|m| kv_room(&m.fit, cfg, o, args.batch_tokens, sequences, threads));
         o.batch_tokens = args.batch_tokens;
         // A prompt chunk larger than a step's budget would make every prefill step overrun it.
         o.prefill_chunk = o.prefill_chunk.min(args.batch_tokens);
@@ -242,24 +243,30 @@ const MAX_PARALLEL: usize = 1024;
 const DEFAULT_PARALLEL_CAP: usize = 32;
 
 /// Bytes the memory budget leaves for KV (every slot plus the prompt cache): the budget less
-/// weights, runtime and the transient of a forward of `batch_tokens` tokens at full context.
+/// weights, runtime and the transient of the largest step at full context — `batch_tokens`
+/// of prompt chunks plus one decode row for each of `sequences`, each with its logits row (and
+/// the host copy) and its split-attention partials (per KV head, one part per 256 positions:
+/// the group's unnormalised heads plus their maxima and sums).
 fn kv_room(
     fit: &kiln_engine::kv_scheme::memory::FitReport,
     cfg: &kiln_model::config::ModelConfig,
     o: &kiln_engine::EngineOptions,
     batch_tokens: usize,
+    sequences: usize,
     threads: usize,
 ) -> u64 {
     use kiln_model::backend::Backend;
     let backend = kiln_model::backend::cpu::CpuBackend::new(Default::default());
-    let transient = backend.forward_transient_bytes(
-        cfg,
-        batch_tokens.max(o.prefill_chunk),
-        o.context_len,
-        threads,
-    );
-    fit.budget_bytes
-        .saturating_sub(fit.weights_bytes + fit.runtime_overhead_bytes + transient)
+    let step_tokens = batch_tokens.max(o.prefill_chunk) + sequences;
+    let activations = backend.forward_transient_bytes(cfg, step_tokens, o.context_len, threads);
+    let n = sequences as u64;
+    let logits = n * 2 * 4 * cfg.vocab_size as u64;
+    let group = (cfg.num_heads / cfg.num_kv_heads.max(1)) as u64;
+    let parts = cfg.num_kv_heads as u64 * o.context_len.div_ceil(256) as u64;
+    let partials = n * parts * (group * cfg.head_dim as u64 + 2 * group) * 4;
+    fit.budget_bytes.saturating_sub(
+        fit.weights_bytes + fit.runtime_overhead_bytes + activations + logits + partials,
+    )
 }
 
 /// `--parallel`, or as many full-context sequences as `room` holds (at least 1, at most
