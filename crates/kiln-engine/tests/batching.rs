@@ -323,7 +323,13 @@ fn a_closed_gate_still_lets_preempted_sequences_finish() {
     let cfg = &probe.model().config;
     let geometry = KvGeometry::new(cfg, &probe.options().kv_scheme, CPU_KV_CAPS_SLIDING);
     let reqs: Vec<GenerateRequest> = (0..3)
-        .map(|i| request(chat(&probe, &format!("Tell me about the number {i}.")), 40, None))
+        .map(|i| {
+            request(
+                chat(&probe, &format!("Tell me about the number {i}.")),
+                40,
+                None,
+            )
+        })
         .collect();
     let len = reqs.iter().map(|r| r.prompt.len()).max().unwrap();
     // Room for one whole sequence and the start of another: the newer one is preempted.
@@ -355,14 +361,28 @@ fn a_closed_gate_still_lets_preempted_sequences_finish() {
     while sinks.iter().any(|s| s.0.lock().unwrap().out.is_none()) {
         e.step().expect("step");
         steps += 1;
-        assert!(steps < 2_000, "the drain never ended: {:?}", e.scheduler_stats());
+        assert!(
+            steps < 2_000,
+            "the drain never ended: {:?}",
+            e.scheduler_stats()
+        );
     }
     let stats = e.scheduler_stats();
-    assert_eq!((stats.running, stats.waiting), (0, 1), "only the late one waits");
-    assert!(late.0.lock().unwrap().out.is_none(), "it started while the gate was closed");
+    assert_eq!(
+        (stats.running, stats.waiting),
+        (0, 1),
+        "only the late one waits"
+    );
+    assert!(
+        late.0.lock().unwrap().out.is_none(),
+        "it started while the gate was closed"
+    );
     open.store(true, std::sync::atomic::Ordering::SeqCst);
     while e.has_work() {
         e.step().expect("step");
     }
-    assert_eq!(late.0.lock().unwrap().out.as_ref().map(|o| o.tokens.len()), Some(40));
+    assert_eq!(
+        late.0.lock().unwrap().out.as_ref().map(|o| o.tokens.len()),
+        Some(40)
+    );
 }
