@@ -124,17 +124,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .unwrap_or_else(crate::common::available_threads);
     let mut cache_cap = args.prompt_cache_bytes;
     let mut engine = load_engine_with(&args.model, &args.runtime, |o, cfg| {
-        let sequences = args.parallel.unwrap_or(DEFAULT_PARALLEL_CAP);
-        let room = memory
-            .as_ref()
-            .map(|m| kv_room(&m.fit, cfg, o, args.batch_tokens, sequences, threads));
         o.batch_tokens = args.batch_tokens;
         // A prompt chunk larger than a step's budget would make every prefill step overrun it.
         o.prefill_chunk = o.prefill_chunk.min(args.batch_tokens);
-        o.slots = parallel(args.parallel, room, cfg, o)?;
-        o.kv_budget_bytes = room;
+        let shape = o.clone();
+        let room_for = |n: usize| {
+            memory
+                .as_ref()
+                .map(|m| kv_room(&m.fit, cfg, &shape, args.batch_tokens, n, threads))
+        };
+        o.slots = parallel(args.parallel, &room_for, cfg, &shape);
+        o.kv_budget_bytes = room_for(o.slots);
         // The prompt cache lives inside the same room.
-        cache_cap = cache_cap.min(room.unwrap_or(u64::MAX));
+        cache_cap = cache_cap.min(o.kv_budget_bytes.unwrap_or(u64::MAX));
         Ok(())
     })?;
     engine.set_prompt_cache_bytes(usize::try_from(cache_cap).unwrap_or(usize::MAX));
@@ -269,20 +271,18 @@ fn kv_room(
     )
 }
 
-/// `--parallel`, or as many full-context sequences as `room` holds (at least 1, at most
-/// [`DEFAULT_PARALLEL_CAP`]).
+/// `--parallel`, or the most sequences (at most [`DEFAULT_PARALLEL_CAP`], at least 1) whose
+/// full contexts fit the room the budget leaves with that many sequences' step transients
+/// (`room_for(n)`; `None`: no budget).
 fn parallel(
     asked: Option<usize>,
-    room: Option<u64>,
+    room_for: &dyn Fn(usize) -> Option<u64>,
     cfg: &kiln_model::config::ModelConfig,
     o: &kiln_engine::EngineOptions,
-) -> Result<usize> {
+) -> usize {
     if let Some(n) = asked {
-        return Ok(n);
+        return n;
     }
-    let Some(room) = room else {
-        return Ok(DEFAULT_PARALLEL_CAP);
-    };
     let geo = kiln_engine::kv_scheme::memory::KvGeometry::new(
         cfg,
         &o.kv_scheme,
@@ -292,7 +292,10 @@ fn parallel(
         .caps_sliding,
     );
     let per_sequence = geo.peak_bytes_at(o.context_len, o.prefill_chunk).max(1);
-    Ok(((room / per_sequence) as usize).clamp(1, DEFAULT_PARALLEL_CAP))
+    (1..=DEFAULT_PARALLEL_CAP)
+        .rev()
+        .find(|&n| room_for(n).is_none_or(|room| room >= n as u64 * per_sequence))
+        .unwrap_or(1)
 }
 
 /// `--job-policy exclusive`: no new generation starts while a heavy job holds or waits for
