@@ -281,8 +281,8 @@ impl<B: Backend> Engine<B> {
     pub fn reset(&mut self) {
         for slot in 0..self.sched.slots.slots.len() {
             if self.sched.slots.slots[slot].owner.is_none() {
-                self.kv.release(slot);
-                self.sched.slots.released(slot);
+                let freed = self.kv.release(slot);
+                self.sched.slots.released(slot, freed);
             }
         }
     }
@@ -376,6 +376,10 @@ impl<B: Backend> Engine<B> {
         self.add(req, Box::new(CollectSink(shared.clone())))?;
         loop {
             let stepped = self.step();
+            if matches!(stepped, Ok(r) if r.sequences == 0) {
+                // Nothing could run (a start gate refusing): wait rather than spin.
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             let mut c = shared.lock().unwrap_or_else(|p| p.into_inner());
             for piece in std::mem::take(&mut c.pieces) {
                 if !c.closed && !on_text(&piece) {

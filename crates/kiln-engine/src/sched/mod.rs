@@ -322,8 +322,8 @@ impl<B: Backend> Engine<B> {
     }
 
     fn release_slot(&mut self, slot: usize) {
-        self.kv.release(slot);
-        self.sched.slots.released(slot);
+        let freed = self.kv.release(slot);
+        self.sched.slots.released(slot, freed);
     }
 
     /// Moves waiting sequences into the batch, in order, while there is a slot and the memory
@@ -373,7 +373,7 @@ impl<B: Backend> Engine<B> {
             return Err(seq);
         };
         let common = self.restore_prefix(slot, &seq.dec.history, common);
-        if common == 0 && self.sched.slots.slots[slot].high_water > 0 {
+        if common == 0 && self.sched.slots.holds_pages(slot) {
             // Nothing to reuse: the old occupant's pages go, and with them its bill.
             self.release_slot(slot);
         }
@@ -614,7 +614,7 @@ impl<B: Backend> Engine<B> {
             return 0;
         };
         let slots: u64 = (self.sched.slots.slots.iter().enumerate())
-            .filter(|&(i, s)| s.owner.is_none() && Some(i) != keep)
+            .filter(|&(i, s)| s.owner.is_none() && !s.tokens.is_empty() && Some(i) != keep)
             .map(|(_, s)| b.slot_bytes(s.high_water))
             .sum();
         let cache = self

@@ -82,12 +82,20 @@ impl Slots {
         s.high_water = s.high_water.max(len);
     }
 
-    /// `slot` gave its pages back; it is free and holds nothing.
-    pub(crate) fn released(&mut self, slot: usize) {
+    /// `slot` is free and holds nothing; with `pages_freed` its pages went back too (else
+    /// they are still billed).
+    pub(crate) fn released(&mut self, slot: usize, pages_freed: bool) {
         let s = &mut self.slots[slot];
         s.owner = None;
         s.tokens.clear();
-        s.high_water = 0;
+        if pages_freed {
+            s.high_water = 0;
+        }
+    }
+
+    /// Whether `slot` holds pages a release could give back.
+    pub(crate) fn holds_pages(&self, slot: usize) -> bool {
+        self.slots[slot].high_water > 0
     }
 
     /// The free slot holding pages that was used longest ago.
@@ -95,7 +103,7 @@ impl Slots {
         self.slots
             .iter()
             .enumerate()
-            .filter(|&(i, s)| s.owner.is_none() && s.high_water > 0 && Some(i) != except)
+            .filter(|&(i, s)| s.owner.is_none() && !s.tokens.is_empty() && Some(i) != except)
             .min_by_key(|(_, s)| s.last_used)
             .map(|(i, _)| i)
     }
@@ -148,7 +156,7 @@ mod tests {
         }
         assert_eq!(s.least_recent_parked(None), Some(2));
         assert_eq!(s.least_recent_parked(Some(2)), Some(0));
-        s.released(2);
+        s.released(2, true);
         assert_eq!(s.least_recent_parked(None), Some(0));
         assert_eq!(s.parked_positions(), 8);
     }

@@ -151,9 +151,11 @@ pub trait KvStore: Send {
     /// Bytes of storage allocated for keys and values.
     fn allocated_bytes(&self) -> usize;
     /// Forgets every position of `slot` and gives their memory back (a length cut to 0 may
-    /// keep the pages of a dense slot for its next sequence; this does not).
-    fn release(&mut self, slot: usize) {
+    /// keep the pages of a dense slot for its next sequence; this does not); false when the
+    /// pages stay (the default only forgets the positions).
+    fn release(&mut self, slot: usize) -> bool {
         self.set_seq_len(slot, 0);
+        false
     }
     /// A copy of positions `0..len` of `slot` (every layer), for a prompt cache; `None` when
     /// the store cannot export (the default) or `len` exceeds what the slot holds.

@@ -123,15 +123,21 @@ impl KvStore for CpuKv {
             .sum()
     }
 
-    fn release(&mut self, slot: usize) {
+    fn release(&mut self, slot: usize) -> bool {
         if slot >= self.layout.n_slots {
-            return;
+            return false;
         }
         self.lens[slot] = 0;
         // Fresh mappings: dropping the old cells unmaps their pages at once.
         match self.dense_cells() {
-            Ok(cells) => self.cells[slot] = cells,
-            Err(e) => tracing::warn!(slot, "KV slot kept its pages: {e}"),
+            Ok(cells) => {
+                self.cells[slot] = cells;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(slot, "KV slot kept its pages: {e}");
+                false
+            }
         }
     }
 
