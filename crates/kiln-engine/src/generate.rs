@@ -127,13 +127,6 @@ pub struct GenerateOutput {
     pub stats: GenerationStats,
 }
 
-impl GenerateOutput {
-    /// Nothing generated yet.
-    pub fn empty() -> Self {
-        Self::default()
-    }
-}
-
 /// A loaded model with its KV slots and the scheduler that shares them between sequences
 /// (`crate::sched`).
 pub struct Engine<B: Backend> {
@@ -191,7 +184,7 @@ impl<B: Backend> Engine<B> {
 
     /// The lane the KV scheme allows on this backend.
     pub fn lane(&self) -> &Lane {
-        &self.sched.lane
+        &self.sched.stats.lane
     }
 
     /// Replaces the KV cache with an empty one under `scheme` (saved prompts are dropped: they
@@ -227,11 +220,9 @@ impl<B: Backend> Engine<B> {
         let scheme = &self.options.kv_scheme;
         let plan = scheme.plan(&KvModelShape::from_config(&self.model.config));
         let slots = &self.sched.slots.slots;
-        let current = self
-            .sched
-            .running
-            .first()
-            .and_then(|_| slots.iter().position(|s| s.owner.is_some()))
+        let current = slots
+            .iter()
+            .position(|s| s.owner.is_some())
             .or_else(|| (0..slots.len()).max_by_key(|&i| slots[i].last_used))
             .unwrap_or(0);
         let n = self.kv.layout().n_slots;
@@ -310,6 +301,7 @@ impl<B: Backend> Engine<B> {
         tokens: &[u32],
         batch: &BatchLayout,
     ) -> Result<Vec<f32>, EngineError> {
+        self.refuse_while_busy()?;
         self.sched.slots.slots[0].tokens.clear();
         self.forward_batch(tokens, batch)
     }

@@ -64,14 +64,7 @@ impl Decoding {
             history: req.prompt.clone(),
             prompt_len: req.prompt.len(),
             budget: req.max_tokens.min(room),
-            out: GenerateOutput {
-                tokens: vec![],
-                text: String::new(),
-                finish_reason: FinishReason::Length,
-                stop_index: None,
-                logprobs: vec![],
-                stats: GenerationStats::default(),
-            },
+            out: GenerateOutput::default(),
             started: Instant::now(),
             prefilled_at: None,
             first_token_at: None,
@@ -157,7 +150,7 @@ impl Decoding {
         mut self,
         emit: &mut dyn FnMut(&str) -> bool,
     ) -> Result<GenerateOutput, EngineError> {
-        let mut out = std::mem::replace(&mut self.out, GenerateOutput::empty());
+        let mut out = std::mem::take(&mut self.out);
         if out.stop_index.is_none() && out.finish_reason != FinishReason::Cancelled {
             let rest = self
                 .detok

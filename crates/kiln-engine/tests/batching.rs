@@ -92,16 +92,20 @@ impl SequenceSink for Sink {
     }
 }
 
-/// Adds every request at once, steps until all end, and returns their outputs in order.
-fn run_all(e: &mut Engine<CpuBackend>, reqs: &[GenerateRequest]) -> Vec<GenerateOutput> {
-    let sinks: Vec<Sink> = reqs
-        .iter()
+/// Adds every request, each with its own recording sink.
+fn add_all(e: &mut Engine<CpuBackend>, reqs: &[GenerateRequest]) -> Vec<Sink> {
+    reqs.iter()
         .map(|r| {
             let s = Sink::default();
             e.add(r, Box::new(s.clone())).expect("add");
             s
         })
-        .collect();
+        .collect()
+}
+
+/// Adds every request at once, steps until all end, and returns their outputs in order.
+fn run_all(e: &mut Engine<CpuBackend>, reqs: &[GenerateRequest]) -> Vec<GenerateOutput> {
+    let sinks = add_all(e, reqs);
     let mut steps = 0;
     while e.has_work() {
         e.step().expect("step");
@@ -341,14 +345,7 @@ fn a_closed_gate_still_lets_preempted_sequences_finish() {
     e.set_prefix_reuse(false);
     let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
     e.set_start_gate(Arc::new(Gate(open.clone())));
-    let sinks: Vec<Sink> = reqs[..2]
-        .iter()
-        .map(|r| {
-            let s = Sink::default();
-            e.add(r, Box::new(s.clone())).expect("add");
-            s
-        })
-        .collect();
+    let sinks = add_all(&mut e, &reqs[..2]);
     let mut steps = 0;
     while e.scheduler_stats().preempted_total == 0 {
         e.step().expect("step");

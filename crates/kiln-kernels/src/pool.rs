@@ -356,34 +356,11 @@ pub fn parallel_for(n_tasks: usize, task: impl Fn(usize) + Sync) {
     global().run(n_tasks, &task);
 }
 
-/// Like [`for_each_chunk_mut`] with one piece per task, handed out last piece first: when the
-/// work grows with the index (causal attention over a prompt), the longest pieces start first
-/// and the pool does not end up waiting on one late, long piece.
-pub fn for_each_chunk_mut_last_first<T: Send>(
-    data: &mut [T],
-    chunk: usize,
-    f: impl Fn(usize, &mut [T]) + Sync,
-) {
-    if data.is_empty() || chunk == 0 {
-        return;
-    }
-    let n_chunks = data.len().div_ceil(chunk);
-    let len = data.len();
-    let base = SendPtr(data.as_mut_ptr());
-    global().run(n_chunks, &|t| {
-        let c = n_chunks - 1 - t;
-        let start = c * chunk;
-        let end = (start + chunk).min(len);
-        // SAFETY: as in `for_each_chunk_mut`: disjoint pieces of a slice borrowed mutably for
-        // the whole call, which returns only after every task has finished.
-        let piece = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), end - start) };
-        f(c, piece);
-    });
-}
-
 /// Runs `f(index, piece)` for each of `pieces` (ascending, non-overlapping ranges of `data`),
-/// one piece per task, the last piece first (as [`for_each_chunk_mut_last_first`]): pieces
-/// of uneven length, such as the blocks of several sequences' prompts in one batch.
+/// one piece per task, handed out last piece first: when the work grows with the index (causal
+/// attention over a prompt), the longest pieces start first and the pool does not end up
+/// waiting on one late, long piece. Pieces may differ in length (the blocks of several
+/// sequences' prompts in one batch).
 ///
 /// # Panics
 /// If the ranges are not ascending, overlap, or run past `data`.
@@ -499,6 +476,32 @@ mod tests {
                 "n = {n}"
             );
         }
+    }
+
+    /// Uneven pieces (empty ones and gaps between them included) each get exactly their
+    /// range; elements outside every piece are never touched.
+    #[test]
+    fn pieces_get_exactly_their_ranges() {
+        let mut data = vec![usize::MAX; 40];
+        let pieces = [0..3, 3..3, 5..17, 17..18, 30..40];
+        for_each_piece_mut_last_first(&mut data, &pieces, |i, piece| {
+            assert_eq!(piece.len(), pieces[i].len());
+            piece.iter_mut().for_each(|v| *v = i);
+        });
+        for (k, v) in data.iter().enumerate() {
+            let want = pieces
+                .iter()
+                .position(|r| r.contains(&k))
+                .unwrap_or(usize::MAX);
+            assert_eq!(*v, want, "element {k}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "ascending, disjoint")]
+    fn overlapping_pieces_are_refused() {
+        let mut data = vec![0u8; 10];
+        for_each_piece_mut_last_first(&mut data, &[0..5, 4..8], |_, _| {});
     }
 
     #[test]

@@ -435,23 +435,18 @@ fn engine_loop<G: Generator>(mut generator: G, rx: Receiver<Job>, m: &Arc<Gatewa
 }
 
 fn add_job<G: Generator>(generator: &mut G, job: Job, m: &Arc<GatewayMetrics>) {
-    let mut sink = GatewaySink {
-        events: job.events,
+    // Dropping the sink (here, or with a refused request) ends the request's in-flight count.
+    let sink = GatewaySink {
+        events: job.events.clone(),
         metrics: m.clone(),
     };
     if sink.is_closed() {
         m.cancelled.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    let events = sink.events.clone();
     if let Err(e) = generator.add(&job.req, Box::new(sink)) {
-        // The sink went with the refused request; answer through a clone of its channel.
-        sink = GatewaySink {
-            events,
-            metrics: m.clone(),
-        };
-        m.in_flight.fetch_add(1, Ordering::SeqCst);
-        sink.failed(&e.to_string());
+        m.failed.fetch_add(1, Ordering::Relaxed);
+        let _ = job.events.send(Event::Failed(e.to_string()));
     }
 }
 

@@ -105,7 +105,6 @@ pub(crate) struct Scheduler {
     pub(crate) slots: slots::Slots,
     pub(crate) waiting: VecDeque<Seq>,
     pub(crate) running: Vec<Seq>,
-    pub(crate) lane: Lane,
     pub(crate) gate: Option<Arc<dyn StartGate>>,
     pub(crate) budget: Option<KvBudget>,
     pub(crate) reuse_prefix: bool,
@@ -123,10 +122,9 @@ impl Scheduler {
                 max_sequences: if lane.batched { n_slots } else { 1 },
                 slots: n_slots,
                 batch_tokens,
-                lane: lane.clone(),
+                lane,
                 ..Default::default()
             },
-            lane,
             gate: None,
             budget: None,
             reuse_prefix: true,
@@ -270,24 +268,19 @@ impl<B: Backend> Engine<B> {
     }
 
     fn reap_cancelled(&mut self) {
-        let mut closed = Vec::new();
-        let waiting = std::mem::take(&mut self.sched.waiting);
-        for seq in waiting {
-            if seq.sink.is_closed() {
-                closed.push(seq);
-            } else {
-                self.sched.waiting.push_back(seq);
-            }
+        let closed = |s: &Seq| s.sink.is_closed();
+        let s = &mut self.sched;
+        // Every step asks; the queues are rebuilt only when someone left.
+        if !s.waiting.iter().chain(&s.running).any(closed) {
+            return;
         }
-        let running = std::mem::take(&mut self.sched.running);
-        for seq in running {
-            if seq.sink.is_closed() {
-                closed.push(seq);
-            } else {
-                self.sched.running.push(seq);
-            }
-        }
-        for seq in closed {
+        let (mut gone, waiting): (Vec<Seq>, Vec<Seq>) =
+            std::mem::take(&mut s.waiting).into_iter().partition(closed);
+        let (left, running): (Vec<Seq>, Vec<Seq>) =
+            std::mem::take(&mut s.running).into_iter().partition(closed);
+        (s.waiting, s.running) = (waiting.into(), running);
+        gone.extend(left);
+        for seq in gone {
             self.sched.stats.cancelled_total += 1;
             self.finish(seq, true);
         }
@@ -332,6 +325,9 @@ impl<B: Backend> Engine<B> {
     /// preempted ones — may start. A sequence the budget cannot hold yet stops the others
     /// behind it (first come, first served).
     fn admit(&mut self) {
+        if self.sched.waiting.is_empty() || self.sched.running.len() >= self.sched.max_running() {
+            return;
+        }
         let mut queue = std::mem::take(&mut self.sched.waiting);
         let mut gate_closed = false;
         while let Some(mut seq) = queue.pop_front() {

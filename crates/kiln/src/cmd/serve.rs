@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::{Args, FromArgMatches};
 use kiln_jobs::{HostConfig, JobHost, JobPaths, JobPolicy};
+use kiln_model::backend::Backend;
+use kiln_model::backend::cpu::{CpuBackend, CpuOptions};
 use kiln_server::{Extensions, Gateway, ModelInfo, ServerConfig, StartGate};
 
 use crate::cli::RuntimeArgs;
@@ -123,6 +125,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .threads
         .unwrap_or_else(crate::common::available_threads);
     let mut cache_cap = args.prompt_cache_bytes;
+    // What the memory model bills for the backend the engine will run on.
+    let figures = CpuBackend::new(CpuOptions {
+        dense: args.runtime.dense,
+    });
     let mut engine = load_engine_with(&args.model, &args.runtime, |o, cfg| {
         o.batch_tokens = args.batch_tokens;
         // A prompt chunk larger than a step's budget would make every prefill step overrun it.
@@ -131,9 +137,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let room_for = |n: usize| {
             memory
                 .as_ref()
-                .map(|m| kv_room(&m.fit, cfg, &shape, args.batch_tokens, n, threads))
+                .map(|m| kv_room(&figures, &m.fit, cfg, &shape, args.batch_tokens, n, threads))
         };
-        o.slots = parallel(args.parallel, &room_for, cfg, &shape);
+        o.slots = parallel(&figures, args.parallel, &room_for, cfg, &shape);
         o.kv_budget_bytes = room_for(o.slots);
         // The prompt cache lives inside the same room.
         cache_cap = cache_cap.min(o.kv_budget_bytes.unwrap_or(u64::MAX));
@@ -249,7 +255,9 @@ const DEFAULT_PARALLEL_CAP: usize = 32;
 /// of prompt chunks plus one decode row for each of `sequences`, each with its logits row (and
 /// the host copy) and its split-attention partials (per KV head, one part per 256 positions:
 /// the group's unnormalised heads plus their maxima and sums).
+#[allow(clippy::too_many_arguments)]
 fn kv_room(
+    backend: &CpuBackend,
     fit: &kiln_engine::kv_scheme::memory::FitReport,
     cfg: &kiln_model::config::ModelConfig,
     o: &kiln_engine::EngineOptions,
@@ -257,8 +265,6 @@ fn kv_room(
     sequences: usize,
     threads: usize,
 ) -> u64 {
-    use kiln_model::backend::Backend;
-    let backend = kiln_model::backend::cpu::CpuBackend::new(Default::default());
     let step_tokens = batch_tokens.max(o.prefill_chunk) + sequences;
     let activations = backend.forward_transient_bytes(cfg, step_tokens, o.context_len, threads);
     let n = sequences as u64;
@@ -275,6 +281,7 @@ fn kv_room(
 /// full contexts fit the room the budget leaves with that many sequences' step transients
 /// (`room_for(n)`; `None`: no budget).
 fn parallel(
+    backend: &CpuBackend,
     asked: Option<usize>,
     room_for: &dyn Fn(usize) -> Option<u64>,
     cfg: &kiln_model::config::ModelConfig,
@@ -286,10 +293,7 @@ fn parallel(
     let geo = kiln_engine::kv_scheme::memory::KvGeometry::new(
         cfg,
         &o.kv_scheme,
-        kiln_model::backend::Backend::memory_profile(&kiln_model::backend::cpu::CpuBackend::new(
-            Default::default(),
-        ))
-        .caps_sliding,
+        backend.memory_profile().caps_sliding,
     );
     let per_sequence = geo.peak_bytes_at(o.context_len, o.prefill_chunk).max(1);
     (1..=DEFAULT_PARALLEL_CAP)
