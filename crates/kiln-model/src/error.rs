@@ -69,6 +69,9 @@ pub enum ModelError {
     /// A forward pass was asked for something impossible (bad token id, cache overflow…).
     #[error("{0}")]
     Forward(String),
+    /// A matrix could not be quantized as asked (bits, group size, shape, non-finite values).
+    #[error("quantization: {0}")]
+    Quantization(String),
 }
 
 impl ModelError {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::ModelError;
 use crate::config::{ModelConfig, config_from_gguf, config_from_hf_json};
 use crate::gguf::GgufFile;
+use crate::mlx::MlxQuantization;
 use crate::weights::{GgufSource, SafetensorsSource, TensorSource};
 
 /// The on-disk format of a model.
@@ -74,7 +75,9 @@ impl ModelFiles {
         } else {
             GenerationDefaults::default()
         };
-        let source = SafetensorsSource::open(dir)?;
+        // MLX-quantized folders run as they are; a non-MLX quantization_config fails here.
+        let quantization = MlxQuantization::from_config(&config_path, &json)?;
+        let source = SafetensorsSource::open_with_quantization(dir, quantization)?;
         Ok(Self {
             path: dir.into(),
             format: ModelFormat::HfFolder,

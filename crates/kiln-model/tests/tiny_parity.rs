@@ -180,3 +180,107 @@ fn quantized_path_runs_bf16_weights_without_dequantizing() {
     let diff = max_abs_diff(&out.all_logits, &want);
     assert!(diff <= 1e-3, "bf16 kernel path: max abs diff {diff}");
 }
+
+fn resume<'a>(
+    from: usize,
+    input: Option<&'a kiln_model::backend::HostAct>,
+    capture: Option<&'a mut Vec<kiln_model::backend::HostAct>>,
+) -> kiln_model::arch::Resume<'a, CpuBackend> {
+    kiln_model::arch::Resume {
+        from,
+        input,
+        capture,
+    }
+}
+
+/// `forward_from` resumed at any layer from a capturing run's hidden states gives the full
+/// forward's logits bit for bit (what sensitivity measurement relies on), and a changed matrix
+/// in a later layer moves only the resumed run's logits the same way as a full run's.
+#[test]
+fn forward_resumed_at_a_layer_equals_the_full_forward() {
+    let backend = CpuBackend::new(CpuOptions { dense: true });
+    for folder in ["llama", "gemma3"] {
+        let dir = reference_dir().join("tiny").join(folder);
+        let files = ModelFiles::open(&dir).expect("open");
+        let cfg = files.config.clone();
+        let mut model = Model::load(&backend, files.tensors(), cfg.clone()).expect("load");
+        let inputs = ids(&read_json(&dir.join("inputs.json"))["input_ids"]);
+        let batch = BatchLayout::single(0, 0, inputs.len());
+        let mut kv = backend
+            .new_kv(KvLayout::for_model(&cfg, 1, 128))
+            .expect("kv");
+        let full = model
+            .forward(&backend, &mut kv, &inputs, &batch, LogitsWanted::All)
+            .expect("forward");
+        let mut hidden = Vec::new();
+        let captured = model
+            .forward_from(
+                &backend,
+                &mut kv,
+                &inputs,
+                &batch,
+                resume(0, None, Some(&mut hidden)),
+            )
+            .expect("capture");
+        assert_eq!(captured, full, "{folder}: capturing changes nothing");
+        assert_eq!(hidden.len(), cfg.num_layers + 1);
+        for from in 1..=cfg.num_layers {
+            let resumed = model
+                .forward_from(
+                    &backend,
+                    &mut kv,
+                    &inputs,
+                    &batch,
+                    resume(from, hidden.get(from), None),
+                )
+                .expect("resume");
+            assert_eq!(resumed, full, "{folder}: resumed at layer {from}");
+        }
+        let last = cfg.num_layers - 1;
+        let name = format!("model.layers.{last}.mlp.down_proj.weight");
+        let mut t = files.tensors().tensor(&name).unwrap().unwrap();
+        t.bytes = t
+            .to_f32()
+            .unwrap()
+            .iter()
+            .flat_map(|v| (v * 0.5).to_le_bytes())
+            .collect();
+        t.ty = kiln_kernels::GgmlType::F32;
+        let original = model
+            .replace_matrix(&name, backend.matrix(&name, t).unwrap())
+            .unwrap();
+        let changed_full = model
+            .forward(&backend, &mut kv, &inputs, &batch, LogitsWanted::All)
+            .expect("forward");
+        let changed_resumed = model
+            .forward_from(
+                &backend,
+                &mut kv,
+                &inputs,
+                &batch,
+                resume(last, hidden.get(last), None),
+            )
+            .expect("resume");
+        assert_ne!(changed_full, full);
+        assert_eq!(
+            changed_resumed, changed_full,
+            "{folder}: resumed after a change"
+        );
+        model.replace_matrix(&name, original).unwrap();
+        assert!(
+            model
+                .replace_matrix(
+                    "model.layers.99.mlp.up_proj.weight",
+                    backend
+                        .matrix(&name, files.tensors().tensor(&name).unwrap().unwrap())
+                        .unwrap()
+                )
+                .is_err()
+        );
+        assert!(
+            model
+                .forward_from(&backend, &mut kv, &inputs, &batch, resume(2, None, None))
+                .is_err()
+        );
+    }
+}

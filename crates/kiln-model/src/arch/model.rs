@@ -8,6 +8,17 @@ use crate::backend::{Backend, BatchLayout, KvStore, RopeAngles};
 use crate::config::{Architecture, ModelConfig};
 use crate::weights::{TensorSource, optional};
 
+/// The projections of every decoder layer, as module paths under `model.layers.N`.
+const LAYER_MATRICES: [&str; 7] = [
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+];
+
 /// Which positions' logits a forward returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogitsWanted {
@@ -15,6 +26,26 @@ pub enum LogitsWanted {
     LastOfEach,
     /// Every position (teacher forcing, evaluation).
     All,
+}
+
+/// Where a teacher-forced forward starts ([`Model::forward_from`]).
+pub struct Resume<'a, B: Backend> {
+    /// The first layer run (`num_layers`: only the head).
+    pub from: usize,
+    /// That layer's input; `None` embeds the tokens (only with `from == 0`).
+    pub input: Option<&'a B::Act>,
+    /// Where to push each later layer's input and the last layer's output.
+    pub capture: Option<&'a mut Vec<B::Act>>,
+}
+
+impl<B: Backend> Default for Resume<'_, B> {
+    fn default() -> Self {
+        Resume {
+            from: 0,
+            input: None,
+            capture: None,
+        }
+    }
 }
 
 /// A decoder-only transformer on backend `B`.
@@ -69,6 +100,59 @@ impl<B: Backend> Model<B> {
         })
     }
 
+    /// The Hugging Face names of the model's weight matrices, in load order: the embedding,
+    /// each layer's projections, and an untied output head.
+    pub fn matrix_names(&self) -> Vec<String> {
+        let mut names = vec!["model.embed_tokens.weight".to_string()];
+        for i in 0..self.layers.len() {
+            for m in LAYER_MATRICES {
+                names.push(format!("model.layers.{i}.{m}.weight"));
+            }
+        }
+        if self.lm_head.is_some() {
+            names.push("lm_head.weight".into());
+        }
+        names
+    }
+
+    /// Swaps matrix `name` (one of [`Model::matrix_names`]) for `matrix` and returns the old
+    /// one, so that a caller can measure the model with one weight changed and put it back.
+    pub fn replace_matrix(
+        &mut self,
+        name: &str,
+        matrix: B::Matrix,
+    ) -> Result<B::Matrix, ModelError> {
+        let slot = self.matrix_mut(name).ok_or_else(|| ModelError::Tensor {
+            path: Default::default(),
+            name: name.into(),
+            reason: "not a matrix of this model".into(),
+        })?;
+        Ok(std::mem::replace(slot, matrix))
+    }
+
+    fn matrix_mut(&mut self, name: &str) -> Option<&mut B::Matrix> {
+        match name {
+            "model.embed_tokens.weight" => return Some(&mut self.embed),
+            "lm_head.weight" => return self.lm_head.as_mut(),
+            _ => {}
+        }
+        let rest = name
+            .strip_prefix("model.layers.")?
+            .strip_suffix(".weight")?;
+        let (index, module) = rest.split_once('.')?;
+        let layer = self.layers.get_mut(index.parse::<usize>().ok()?)?;
+        Some(match module {
+            "self_attn.q_proj" => &mut layer.attn.q,
+            "self_attn.k_proj" => &mut layer.attn.k,
+            "self_attn.v_proj" => &mut layer.attn.v,
+            "self_attn.o_proj" => &mut layer.attn.o,
+            "mlp.gate_proj" => &mut layer.mlp.gate,
+            "mlp.up_proj" => &mut layer.mlp.up,
+            "mlp.down_proj" => &mut layer.mlp.down,
+            _ => return None,
+        })
+    }
+
     /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
@@ -87,6 +171,44 @@ impl<B: Backend> Model<B> {
         batch: &BatchLayout,
         want: LogitsWanted,
     ) -> Result<Vec<f32>, ModelError> {
+        self.run(b, kv, tokens, batch, want, Resume::default())
+    }
+
+    /// A teacher-forced forward (every position's logits) that starts at layer `resume.from`
+    /// with `resume.input` as that layer's input instead of embedding `tokens` (which must
+    /// still be the tokens, for the batch's shape), and pushes each later layer's input and the
+    /// last layer's output onto `resume.capture` when given.
+    ///
+    /// Measuring a model with one layer changed needs only the layers from that one on: the
+    /// hidden states before it are the unchanged model's, recorded once by a capturing run
+    /// from layer 0.
+    pub fn forward_from(
+        &self,
+        b: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        batch: &BatchLayout,
+        resume: Resume<'_, B>,
+    ) -> Result<Vec<f32>, ModelError> {
+        if resume.from > self.layers.len() || (resume.from > 0 && resume.input.is_none()) {
+            return Err(ModelError::Forward(format!(
+                "cannot resume at layer {} of {} without its input",
+                resume.from,
+                self.layers.len()
+            )));
+        }
+        self.run(b, kv, tokens, batch, LogitsWanted::All, resume)
+    }
+
+    fn run(
+        &self,
+        b: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        batch: &BatchLayout,
+        want: LogitsWanted,
+        mut resume: Resume<'_, B>,
+    ) -> Result<Vec<f32>, ModelError> {
         self.check_batch(kv, tokens, batch)?;
         for s in &batch.spans {
             kv.set_seq_len(s.slot, s.start_pos);
@@ -103,9 +225,18 @@ impl<B: Backend> Model<B> {
             rope_global: &rope_global,
             rope_local,
         };
-        let mut x = b.embed(&self.embed, tokens, self.config.embedding_scale)?;
-        for (i, layer) in self.layers.iter().enumerate() {
+        let mut x = match resume.input {
+            Some(input) => input.clone(),
+            None => b.embed(&self.embed, tokens, self.config.embedding_scale)?,
+        };
+        for (i, layer) in self.layers.iter().enumerate().skip(resume.from) {
+            if let Some(c) = resume.capture.as_deref_mut() {
+                c.push(x.clone());
+            }
             decoder::forward_layer(b, layer, i, &mut x, kv, &ctx)?;
+        }
+        if let Some(c) = resume.capture {
+            c.push(x.clone());
         }
         let rows: Vec<usize> = match want {
             LogitsWanted::All => (0..tokens.len()).collect(),

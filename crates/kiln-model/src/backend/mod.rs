@@ -262,8 +262,8 @@ pub trait Backend: Send + Sync {
     type Matrix: Send + Sync;
     /// A 1-D parameter (norm weight, bias) in f32.
     type Vector: Send + Sync;
-    /// Activations.
-    type Act;
+    /// Activations (cloned when a forward records its hidden states).
+    type Act: Clone;
     /// Key/value storage.
     type Kv: KvStore;
 

@@ -3,6 +3,7 @@
 
 mod metadata;
 mod reader;
+mod writer;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use std::path::{Path, PathBuf};
 use kiln_kernels::GgmlType;
 pub use metadata::MetaValue;
 use reader::Reader;
+pub use writer::{GgufTensorSpec, GgufWriter};
 
 const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;

@@ -242,3 +242,81 @@ fn random_mutations_never_panic() {
         let _ = parse(&bytes);
     }
 }
+
+#[test]
+fn writer_output_reads_back_with_every_value_type_and_aligned_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.gguf");
+    let metadata: Vec<(String, MetaValue)> = vec![
+        (
+            "general.architecture".into(),
+            MetaValue::String("llama".into()),
+        ),
+        ("a.u8".into(), MetaValue::U8(7)),
+        ("a.i8".into(), MetaValue::I8(-7)),
+        ("a.u16".into(), MetaValue::U16(700)),
+        ("a.i16".into(), MetaValue::I16(-700)),
+        ("a.u32".into(), MetaValue::U32(70_000)),
+        ("a.i32".into(), MetaValue::I32(-70_000)),
+        ("a.u64".into(), MetaValue::U64(1 << 40)),
+        ("a.i64".into(), MetaValue::I64(-(1 << 40))),
+        ("a.f32".into(), MetaValue::F32(0.5)),
+        ("a.f64".into(), MetaValue::F64(-0.25)),
+        ("a.bool".into(), MetaValue::Bool(true)),
+        (
+            "a.strings".into(),
+            MetaValue::Array(vec![
+                MetaValue::String("x".into()),
+                MetaValue::String("yz".into()),
+            ]),
+        ),
+        ("a.empty".into(), MetaValue::Array(vec![])),
+    ];
+    let q8 = GgmlType::Q8_0;
+    let specs = vec![
+        GgufTensorSpec {
+            name: "t.f32".into(),
+            dims: vec![3, 2],
+            ty: GgmlType::F32,
+        },
+        GgufTensorSpec {
+            name: "t.q8".into(),
+            dims: vec![64, 1],
+            ty: q8,
+        },
+    ];
+    let f32_bytes: Vec<u8> = (0..6).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let q8_bytes: Vec<u8> = (0..q8.row_bytes(64).unwrap()).map(|i| i as u8).collect();
+    let mut w = GgufWriter::create(&path, &metadata, specs).unwrap();
+    assert!(w.write_tensor("t.q8", &q8_bytes).is_err(), "out of order");
+    w.write_tensor("t.f32", &f32_bytes).unwrap();
+    assert!(
+        w.write_tensor("t.q8", &q8_bytes[1..]).is_err(),
+        "short data"
+    );
+    w.write_tensor("t.q8", &q8_bytes).unwrap();
+    w.finish().unwrap();
+
+    let file = GgufFile::open(&path).unwrap();
+    let h = file.header();
+    for (k, v) in &metadata {
+        assert_eq!(h.get(k), Some(v), "{k}");
+    }
+    let t = h.tensor("t.f32").unwrap();
+    assert_eq!((t.dims.clone(), t.ty), (vec![3, 2], GgmlType::F32));
+    assert_eq!(file.tensor_data(t), &f32_bytes[..]);
+    assert_eq!(file.tensor_data(h.tensor("t.q8").unwrap()), &q8_bytes[..]);
+}
+
+#[test]
+fn writer_refuses_to_finish_with_a_tensor_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = GgufTensorSpec {
+        name: "t".into(),
+        dims: vec![4],
+        ty: GgmlType::F32,
+    };
+    let w = GgufWriter::create(&dir.path().join("m.gguf"), &[], vec![spec]).unwrap();
+    let err = w.finish().unwrap_err().to_string();
+    assert!(err.contains("never written"), "{err}");
+}

@@ -9,6 +9,26 @@ use crate::backend::HostTensor;
 use crate::config::Architecture;
 use crate::gguf::GgufFile;
 
+/// Every per-layer Hugging Face tensor suffix [`GgufSource::gguf_name`] maps.
+const HF_LAYER_TENSORS: [&str; 16] = [
+    "input_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "self_attn.q_proj.bias",
+    "self_attn.k_proj.bias",
+    "self_attn.v_proj.bias",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "post_attention_layernorm.weight",
+    "pre_feedforward_layernorm.weight",
+    "post_feedforward_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+];
+
 /// A GGUF file as a [`TensorSource`].
 pub struct GgufSource {
     file: GgufFile,
@@ -33,7 +53,8 @@ impl GgufSource {
         &self.file
     }
 
-    fn gguf_name(&self, hf: &str) -> Option<String> {
+    /// The GGUF name of Hugging Face tensor `hf`, when the file's layout has one.
+    pub fn gguf_name(&self, hf: &str) -> Option<String> {
         let direct = match hf {
             "model.embed_tokens.weight" => Some("token_embd.weight"),
             "model.norm.weight" => Some("output_norm.weight"),
@@ -67,6 +88,27 @@ impl GgufSource {
             _ => return None,
         };
         Some(format!("blk.{layer}.{mapped}"))
+    }
+
+    /// The Hugging Face name of GGUF tensor `gguf` (the inverse of [`GgufSource::gguf_name`]).
+    pub fn hf_name(&self, gguf: &str) -> Option<String> {
+        let mut candidates: Vec<String> = ["model.embed_tokens.weight", "model.norm.weight"]
+            .into_iter()
+            .chain(["lm_head.weight"])
+            .map(String::from)
+            .collect();
+        if let Some(layer) = gguf.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
+            let p = format!("model.layers.{}", layer.0);
+            candidates.extend(HF_LAYER_TENSORS.iter().map(|s| format!("{p}.{s}")));
+        }
+        candidates
+            .into_iter()
+            .find(|hf| self.gguf_name(hf).as_deref() == Some(gguf))
+    }
+
+    /// Whether tensor `hf` is stored with llama.cpp's Q/K row permutation, and over how many heads.
+    pub fn permuted_heads(&self, hf: &str) -> Option<usize> {
+        self.heads_to_unpermute(hf)
     }
 
     /// llama.cpp's converter permutes Q/K rows of llama-family models into its interleaved RoPE
@@ -141,6 +183,17 @@ impl TensorSource for GgufSource {
             t.permute_rows(&order)?;
         }
         Ok(Some(t))
+    }
+
+    fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let mut out: Vec<(String, Vec<usize>)> = (self.file.header().tensors.iter())
+            .filter_map(|t| {
+                let shape = t.dims.iter().rev().map(|&d| d as usize).collect();
+                Some((self.hf_name(&t.name)?, shape))
+            })
+            .collect();
+        out.sort();
+        out
     }
 
     fn largest_tensor_bytes(&self) -> u64 {

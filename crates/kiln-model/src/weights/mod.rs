@@ -38,6 +38,9 @@ pub trait TensorSource {
     /// Bytes of the largest tensor: while it is copied, its mapped pages and its copy are both
     /// resident.
     fn largest_tensor_bytes(&self) -> u64;
+    /// Every tensor the source serves, by Hugging Face name, with its logical shape
+    /// (`[rows, cols]` or `[len]`), sorted by name.
+    fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)>;
     /// The file that holds tensor `name`, so that an error about it names the shard, not only the
     /// folder; [`TensorSource::path`] unless the source spans several files.
     fn file_of(&self, _name: &str) -> &Path {

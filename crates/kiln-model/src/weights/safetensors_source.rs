@@ -1,6 +1,7 @@
 //! Tensors from a Hugging Face folder: `model.safetensors`, or shards listed in
 //! `model.safetensors.index.json`. Headers are validated by the `safetensors` crate (offsets,
-//! sizes, overlap); kiln then checks dtype and rank.
+//! sizes, overlap); kiln then checks dtype and rank. MLX-quantized modules (U32 codes plus
+//! `.scales`/`.biases`, see [`crate::mlx`]) are served as one tensor under their `.weight` name.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,8 @@ use safetensors::{Dtype, SafeTensors};
 use super::TensorSource;
 use crate::ModelError;
 use crate::backend::HostTensor;
+use crate::mlx::MlxQuantization;
+use crate::mlx::load::{self, MlxWeights};
 
 struct Entry {
     file: usize,
@@ -26,6 +29,8 @@ pub struct SafetensorsSource {
     dir: PathBuf,
     files: Vec<(PathBuf, memmap2::Mmap)>,
     entries: HashMap<String, Entry>,
+    /// The MLX-quantized weights, when config.json has a quantization block.
+    mlx: Option<MlxWeights>,
 }
 
 /// Validates a safetensors buffer and returns the tensor names with dtype and shape (the
@@ -42,8 +47,18 @@ pub fn parse_safetensors_header(bytes: &[u8]) -> Result<Vec<(String, Dtype, Vec<
 }
 
 impl SafetensorsSource {
-    /// Opens every weight file of a Hugging Face folder.
+    /// Opens every weight file of a Hugging Face folder (no MLX quantization).
     pub fn open(dir: &Path) -> Result<Self, ModelError> {
+        Self::open_with_quantization(dir, None)
+    }
+
+    /// Opens every weight file of a Hugging Face folder whose `config.json` declares the MLX
+    /// quantization `mlx` (if any); every U32 tensor must then be a quantized module's `.weight`
+    /// with `.scales` and `.biases` of the matching shapes.
+    pub fn open_with_quantization(
+        dir: &Path,
+        mlx: Option<MlxQuantization>,
+    ) -> Result<Self, ModelError> {
         let single = dir.join("model.safetensors");
         let index = dir.join("model.safetensors.index.json");
         let names: Vec<String> = if index.is_file() {
@@ -112,11 +127,86 @@ impl SafetensorsSource {
             }
             files.push((path, mmap));
         }
+        let mlx = match mlx {
+            Some(q) => Some(plan_mlx(&q, &files, &entries)?),
+            None => None,
+        };
         Ok(Self {
             dir: dir.into(),
             files,
             entries,
+            mlx,
         })
+    }
+
+    /// The MLX-quantized weight `name`: its codes, scales and biases turned into one tensor.
+    /// Each part is read straight from the mapping, whose pages are then released.
+    fn quantized(&self, name: &str, plan: &load::QuantPlan) -> Result<HostTensor, ModelError> {
+        let bad = |n: &str, reason: String| ModelError::Tensor {
+            path: self.file_of(n).to_path_buf(),
+            name: n.into(),
+            reason,
+        };
+        let mapped = |n: &str| -> Result<(&Entry, &memmap2::Mmap), ModelError> {
+            let e = (self.entries.get(n)).ok_or_else(|| bad(n, "missing".into()))?;
+            Ok((e, &self.files[e.file].1))
+        };
+        let floats = |n: &str| -> Result<Vec<f32>, ModelError> {
+            let (e, mmap) = mapped(n)?;
+            let values = load::floats(e.dtype, &mmap[e.start..e.end]);
+            super::release_pages(mmap, e.start, e.end - e.start);
+            values.ok_or_else(|| bad(n, "scales and biases must be bf16, f16 or f32".into()))
+        };
+        let scales = floats(&format!("{}.scales", plan.module))?;
+        let biases = floats(&format!("{}.biases", plan.module))?;
+        let (e, mmap) = mapped(name)?;
+        let served = load::serve(plan, &mmap[e.start..e.end], &scales, &biases);
+        super::release_pages(mmap, e.start, e.end - e.start);
+        let (tensor, to_f32) = served.map_err(|r| bad(name, r))?;
+        if let Some(mlx) = &self.mlx {
+            mlx.record(name, to_f32);
+        }
+        Ok(tensor)
+    }
+
+    /// Bytes `name` takes once loaded: the planned size for a quantized weight, nothing for its
+    /// scales and biases (folded into it), the stored size otherwise.
+    fn served_bytes(&self, name: &str, e: &Entry) -> u64 {
+        match &self.mlx {
+            Some(mlx) if mlx.is_companion(name) => 0,
+            Some(mlx) => mlx
+                .get(name)
+                .map_or((e.end - e.start) as u64, |p| p.served_bytes()),
+            None => (e.end - e.start) as u64,
+        }
+    }
+}
+
+/// Validates the folder's U32 tensors against the quantization block (header facts only).
+fn plan_mlx(
+    quant: &MlxQuantization,
+    files: &[(PathBuf, memmap2::Mmap)],
+    entries: &HashMap<String, Entry>,
+) -> Result<MlxWeights, ModelError> {
+    let u32_names = entries
+        .iter()
+        .filter(|(_, e)| e.dtype == Dtype::U32)
+        .map(|(n, _)| n.as_str());
+    let info = |n: &str| entries.get(n).map(|e| (e.dtype, e.shape.as_slice()));
+    MlxWeights::plan(quant, u32_names, info).map_err(|(name, reason)| {
+        let path = entries
+            .get(&name)
+            .and_then(|e| files.get(e.file))
+            .map(|(p, _)| p.clone())
+            .unwrap_or_default();
+        ModelError::Tensor { path, name, reason }
+    })
+}
+
+impl SafetensorsSource {
+    /// For an MLX-quantized folder, how many matrices it holds at each code width.
+    pub fn mlx_widths(&self) -> Option<std::collections::BTreeMap<u32, usize>> {
+        self.mlx.as_ref().map(MlxWeights::widths)
     }
 }
 
@@ -129,6 +219,9 @@ impl TensorSource for SafetensorsSource {
         let Some(e) = self.entries.get(name) else {
             return Ok(None);
         };
+        if let Some(plan) = self.mlx.as_ref().and_then(|m| m.get(name)) {
+            return self.quantized(name, plan).map(Some);
+        }
         let (path, mmap) = &self.files[e.file];
         let bad = |reason: String| ModelError::Tensor {
             path: path.clone(),
@@ -139,6 +232,11 @@ impl TensorSource for SafetensorsSource {
             Dtype::F32 => GgmlType::F32,
             Dtype::F16 => GgmlType::F16,
             Dtype::BF16 => GgmlType::BF16,
+            Dtype::U32 => {
+                return Err(bad(
+                    "dtype U32 (MLX-packed codes) needs a quantization block in config.json".into(),
+                ));
+            }
             other => {
                 return Err(bad(format!(
                     "dtype {other:?} is not supported (f32, f16, bf16 are)"
@@ -160,15 +258,29 @@ impl TensorSource for SafetensorsSource {
         }))
     }
 
+    fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let mlx = self.mlx.as_ref();
+        let mut out: Vec<(String, Vec<usize>)> = (self.entries.iter())
+            .filter(|(n, _)| !mlx.is_some_and(|m| m.is_companion(n)))
+            .map(|(n, e)| match mlx.and_then(|m| m.get(n)) {
+                // A quantized weight's logical shape, not its packed one.
+                Some(p) => (n.clone(), vec![p.rows, p.cols]),
+                None => (n.clone(), e.shape.clone()),
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     fn largest_tensor_bytes(&self) -> u64 {
-        let sizes = self.entries.values().map(|e| (e.end - e.start) as u64);
+        let sizes = self.entries.iter().map(|(n, e)| self.served_bytes(n, e));
         sizes.max().unwrap_or(0)
     }
 
     fn total_tensor_bytes(&self) -> u64 {
         self.entries
-            .values()
-            .map(|e| (e.end - e.start) as u64)
+            .iter()
+            .map(|(n, e)| self.served_bytes(n, e))
             .sum()
     }
 
