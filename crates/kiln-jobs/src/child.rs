@@ -11,6 +11,35 @@ use crate::runner::{JobContext, Registry};
 use crate::status::JobStatus;
 use crate::store::Store;
 
+static SIGTERM_SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_sigterm(_: libc::c_int) {
+    // Only an atomic store: anything more is not async-signal-safe.
+    SIGTERM_SEEN.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Turns SIGTERM into a cancellation the runner sees at its next check, so that a cancelled
+/// heavy job can remove what it was writing before the parent's SIGKILL (3 s later) arrives.
+fn watch_sigterm(cancel: CancelToken) {
+    let handler = on_sigterm as extern "C" fn(libc::c_int);
+    // SAFETY: installs a handler that only stores to an atomic, which is async-signal-safe;
+    // `signal` has no other precondition.
+    unsafe {
+        libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
+    }
+    let spawned = std::thread::Builder::new()
+        .name("sigterm-watch".into())
+        .spawn(move || {
+            while !SIGTERM_SEEN.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            cancel.cancel("terminated by the job host");
+        });
+    if let Err(e) = spawned {
+        eprintln!("kiln {CHILD_VERB}: no SIGTERM watcher ({e}); a cancel kills at once");
+    }
+}
+
 /// The verb the parent passes before the job id.
 pub const CHILD_VERB: &str = "__job";
 
@@ -79,8 +108,18 @@ pub fn run_child(id: &str, registry: &Registry) -> i32 {
         Ok(_) => return fail("bad config_json: not an object"),
         Err(e) => return fail(&format!("bad config_json: {e}")),
     };
-    let ctx = JobContext::new(emitter.clone(), CancelToken::new());
-    match runner.run(&ctx, &config) {
+    let cancel = CancelToken::new();
+    watch_sigterm(cancel.clone());
+    let ctx = JobContext::new(emitter.clone(), cancel.clone());
+    let outcome = runner.run(&ctx, &config);
+    if cancel.is_cancelled() && outcome.is_err() {
+        // The parent sent SIGTERM because the job was cancelled (or the host is closing): the
+        // runner has stopped at a boundary and cleaned up; the parent records the outcome. A
+        // runner that finished anyway records done below, so its output is not orphaned.
+        eprintln!("kiln {CHILD_VERB}: stopped on SIGTERM");
+        return 1;
+    }
+    match outcome {
         Ok(out) => {
             if let Some(path) = &out.output_path
                 && let Err(e) = store.set_output_path(id, path)

@@ -146,6 +146,9 @@ impl JobHost {
             return Err(JobError::BadConfig("config must be a JSON object".into()));
         };
         let handle = tokio::runtime::Handle::try_current().map_err(|_| JobError::NoRuntime)?;
+        let (map, prepared_output) = runner.prepare(map).map_err(JobError::BadConfig)?;
+        // What the runner will write wins: it has put that path in the stored config.
+        let output_path = prepared_output.as_deref().or(output_path);
         let config = Value::Object(map);
         let (row, cancel, tx) = {
             let mut active = self.inner.active();

@@ -33,6 +33,16 @@ pub type RunError = Box<dyn std::error::Error + Send + Sync>;
 pub trait JobRunner: Send + Sync {
     /// Where jobs of this kind run.
     fn mode(&self) -> ExecMode;
+    /// Checks a job's config before the job exists and fills in what the kind decides itself
+    /// (such as a default output path). Returns the config to store and the output path to
+    /// record; an `Err` (which should name the field) refuses the submit with a 400 and creates
+    /// no row.
+    fn prepare(
+        &self,
+        config: Map<String, Value>,
+    ) -> Result<(Map<String, Value>, Option<String>), String> {
+        Ok((config, None))
+    }
     /// Runs one job. Report progress through `ctx`; return `Err` to fail the job.
     fn run(&self, ctx: &JobContext, config: &Map<String, Value>) -> Result<RunOutput, RunError>;
 }
