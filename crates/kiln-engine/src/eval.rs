@@ -58,10 +58,10 @@ fn log_softmax(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| v as f64 - lse).collect()
 }
 
-fn argmax(x: &[f32]) -> usize {
+fn argmax<T: PartialOrd>(x: &[T]) -> usize {
     let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
+    for (i, v) in x.iter().enumerate() {
+        if *v > x[best] {
             best = i;
         }
     }
@@ -121,4 +121,87 @@ impl<B: Backend> Engine<B> {
             dense_bytes_per_token,
         })
     }
+}
+
+/// `kiln eval kl`'s answer: a model against a reference model over one text, teacher-forced.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KlEvalReport {
+    /// Tokens of the text.
+    pub tokens: usize,
+    /// Tokens per window; each window starts from an empty cache.
+    pub window: usize,
+    /// Positions scored (the second half of each window, as llama-perplexity scores).
+    pub positions: usize,
+    /// Mean `KL(reference ‖ model)` in nats.
+    pub mean_kl: f64,
+    /// 99th percentile of the per-position KL.
+    pub p99_kl: f64,
+    /// Largest per-position KL.
+    pub max_kl: f64,
+    /// Fraction of positions where both put the same token first.
+    pub top1_agreement: f64,
+    /// Perplexity of the model on the text's next tokens.
+    pub perplexity: f64,
+    /// Perplexity of the reference.
+    pub reference_perplexity: f64,
+}
+
+/// Scores `test` against `reference` on `tokens` in windows of `window` tokens: each window is
+/// one forward from an empty cache, and its second half is scored (each position then has at
+/// least half a window of context), like llama-perplexity's `--kl-divergence`.
+pub fn eval_kl<B: Backend, C: Backend>(
+    reference: &mut Engine<B>,
+    test: &mut Engine<C>,
+    tokens: &[u32],
+    window: usize,
+) -> Result<KlEvalReport, EngineError> {
+    let vocab = reference.model().config.vocab_size;
+    if test.model().config.vocab_size != vocab {
+        return Err(EngineError::Request(format!(
+            "the vocabularies differ: {vocab} against {}",
+            test.model().config.vocab_size
+        )));
+    }
+    if window < 4 || tokens.len() < window {
+        return Err(EngineError::Request(format!(
+            "the text has {} tokens; one window needs {window} (at least 4)",
+            tokens.len()
+        )));
+    }
+    let (mut kls, mut agree, mut nll, mut ref_nll) = (Vec::new(), 0usize, 0f64, 0f64);
+    for part in tokens.chunks_exact(window) {
+        let r = reference.logits_all_chunked(part, window)?;
+        let t = test.logits_all_chunked(part, window)?;
+        for p in window / 2..window - 1 {
+            let (lr, lt) = (
+                log_softmax(&r[p * vocab..(p + 1) * vocab]),
+                log_softmax(&t[p * vocab..(p + 1) * vocab]),
+            );
+            let kl: f64 = lr.iter().zip(&lt).map(|(a, b)| a.exp() * (a - b)).sum();
+            kls.push(kl.max(0.0));
+            agree += usize::from(argmax(&lr) == argmax(&lt));
+            let next = part[p + 1] as usize;
+            nll -= lt.get(next).copied().unwrap_or(f64::NEG_INFINITY);
+            ref_nll -= lr.get(next).copied().unwrap_or(f64::NEG_INFINITY);
+        }
+    }
+    let n = kls.len().max(1) as f64;
+    let mean_kl = kls.iter().sum::<f64>() / n;
+    let mut sorted = kls.clone();
+    sorted.sort_by(f64::total_cmp);
+    let p99 = sorted
+        .get(((sorted.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
+        .copied()
+        .unwrap_or(0.0);
+    Ok(KlEvalReport {
+        tokens: tokens.len(),
+        window,
+        positions: kls.len(),
+        mean_kl,
+        p99_kl: p99,
+        max_kl: sorted.last().copied().unwrap_or(0.0),
+        top1_agreement: agree as f64 / n,
+        perplexity: (nll / n).exp(),
+        reference_perplexity: (ref_nll / n).exp(),
+    })
 }

@@ -26,7 +26,9 @@ pub enum Command {
     Pull(PullArgs),
     /// Will a model fit in memory: weights, KV cache, transient, max safe context, est. tok/s.
     Fit(crate::cmd::fit::FitArgs),
-    /// Evaluate a model under another setting against itself (`eval kv`: KV-cache schemes).
+    /// Quantize a model to GGUF or MLX, uniformly or by measured per-layer sensitivity.
+    Quantize(crate::cmd::quantize::QuantizeArgs),
+    /// Evaluate a model: under another KV scheme (`eval kv`) or against a reference model (`eval kl`).
     Eval(crate::cmd::eval::EvalArgs),
     /// Serve the model over OpenAI- and Anthropic-compatible HTTP with a chat page (the default verb).
     Serve(crate::cmd::serve::ServeArgs),

@@ -19,6 +19,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Pull(args)) => cmd::pull::run(args),
         Some(cli::Command::Fit(args)) => cmd::fit::run(args),
         Some(cli::Command::Eval(args)) => cmd::eval::run(args),
+        Some(cli::Command::Quantize(args)) => cmd::quantize::run(args),
         Some(cli::Command::Serve(args)) => cmd::serve::run(args),
         Some(cli::Command::Jobs(args)) => cmd::jobs::run(args),
         Some(cli::Command::Job(args)) => return cmd::jobs::child(args),

@@ -240,3 +240,97 @@ fn bad_input_fails_with_a_clear_message_not_a_panic() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn quantize_and_eval_kl_name_the_bad_flag() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-quant-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let out = dir.join("out.gguf").display().to_string();
+    let existing = dir.join("exists.gguf");
+    std::fs::write(&existing, b"x").expect("write");
+    let text = dir.join("text.txt");
+    std::fs::write(&text, "hello").expect("write");
+    let q = |extra: &[&str]| {
+        let mut v = vec!["quantize", "smollm2", "--out", &out];
+        v.extend_from_slice(extra);
+        v.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (q(&["--bits", "7"]), "--bits"),
+        (
+            q(&["--format", "mlx", "--group-size", "48"]),
+            "--group-size",
+        ),
+        (q(&["--type", "Q9_K"]), "--type"),
+        (q(&["--target-bpw", "99"]), "--target-bpw"),
+        (q(&["--candidate-bits", "4,7"]), "--candidate-bits"),
+        (q(&["--format", "mlx", "--type", "Q4_K"]), "--type"),
+        (
+            vec![
+                "quantize",
+                "smollm2",
+                "--out",
+                &existing.display().to_string(),
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+            "--out",
+        ),
+        (
+            [
+                "eval",
+                "kl",
+                "smollm2",
+                "--reference",
+                "smollm2",
+                "--text",
+                "/no/such/text",
+            ]
+            .map(String::from)
+            .to_vec(),
+            "/no/such/text",
+        ),
+        (
+            [
+                "eval",
+                "kl",
+                "smollm2",
+                "--reference",
+                "smollm2",
+                "--text",
+                "x",
+                "--window",
+                "2",
+            ]
+            .map(String::from)
+            .to_vec(),
+            "--window",
+        ),
+        (
+            vec![
+                "eval",
+                "kl",
+                "smollm2",
+                "--reference",
+                "smollm2",
+                "--text",
+                &text.display().to_string(),
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+            "one window needs",
+        ),
+    ];
+    for (args, needle) in cases {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = kiln(&refs);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    assert!(!std::path::Path::new(&out).exists());
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -22,6 +22,31 @@ pub enum EvalCommand {
     /// KV-cache scheme quality: teacher-forced top-1 agreement and KL against a dense cache
     /// (f32 unless `--reference` says otherwise) over a text, and bytes per token.
     Kv(EvalKvArgs),
+    /// A model against a reference model (e.g. a quantized file against its f16 source):
+    /// teacher-forced mean / p99 KL, top-1 agreement and perplexity over a text, scored like
+    /// llama-perplexity's `--kl-divergence`.
+    Kl(EvalKlArgs),
+}
+
+/// `kiln eval kl`.
+#[derive(Debug, Args)]
+pub struct EvalKlArgs {
+    /// The model scored (as for `generate`); it runs as `--dense` and the KV flags say.
+    pub model: String,
+    /// The reference model; it always runs on exact f32 weights and a dense f32 cache.
+    #[arg(long)]
+    pub reference: String,
+    /// The text to teacher-force (a UTF-8 file; `-` reads standard input).
+    #[arg(long)]
+    pub text: PathBuf,
+    /// Tokens per window (each from an empty cache; its second half is scored).
+    #[arg(long, default_value_t = 512)]
+    pub window: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
 }
 
 /// `kiln eval kv`.
@@ -50,7 +75,57 @@ pub struct EvalKvArgs {
 pub fn run(args: EvalArgs) -> Result<()> {
     match args.what {
         EvalCommand::Kv(a) => kv(a),
+        EvalCommand::Kl(a) => kl(a),
     }
+}
+
+fn read_text(path: &std::path::Path) -> Result<String> {
+    if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading standard input")
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+    }
+}
+
+fn kl(args: EvalKlArgs) -> Result<()> {
+    if args.window < 4 {
+        bail!("--window must be at least 4");
+    }
+    set_threads(args.runtime.threads)?;
+    let text = read_text(&args.text)?;
+    let ctx = |rt: &RuntimeArgs| RuntimeArgs {
+        ctx: Some(rt.ctx.unwrap_or(args.window + 1).max(args.window + 1)),
+        ..rt.clone()
+    };
+    let mut reference_rt = ctx(&args.runtime);
+    reference_rt.dense = true;
+    reference_rt.kv = crate::kv::KvArgs {
+        kv_quant: Some("off".into()),
+        kv_dtype: "f32".into(),
+        ..crate::kv::KvArgs::default()
+    };
+    let mut reference = load_engine(&args.reference, &reference_rt)?;
+    let mut test = load_engine(&args.model, &ctx(&args.runtime))?;
+    let tokens = reference.model().tokenizer.encode(&text, false)?;
+    let report = kiln_engine::eval::eval_kl(&mut reference, &mut test, &tokens, args.window)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "text             {} tokens, windows of {}, {} positions scored",
+        report.tokens, report.window, report.positions
+    );
+    println!(
+        "mean KL          {:.5} nats (p99 {:.4}, max {:.4})",
+        report.mean_kl, report.p99_kl, report.max_kl
+    );
+    println!("top-1 agreement  {:.2}%", 100.0 * report.top1_agreement);
+    println!(
+        "perplexity       {:.4} (reference {:.4})",
+        report.perplexity, report.reference_perplexity
+    );
+    Ok(())
 }
 
 fn kv(args: EvalKvArgs) -> Result<()> {
@@ -64,12 +139,7 @@ fn kv(args: EvalKvArgs) -> Result<()> {
         );
     };
     set_threads(args.runtime.threads)?;
-    let text = if args.text.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin()).context("reading standard input")?
-    } else {
-        std::fs::read_to_string(&args.text)
-            .with_context(|| format!("reading {}", args.text.display()))?
-    };
+    let text = read_text(&args.text)?;
     let mut engine = load_engine(&args.model, &args.runtime)?;
     let tokens = engine.model().tokenizer.encode(&text, false)?;
     if tokens.len() <= args.chunk {

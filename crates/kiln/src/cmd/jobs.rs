@@ -10,7 +10,15 @@ use serde_json::{Value, json};
 
 /// The job kinds this binary runs; the server's job host must use the same registry.
 pub fn registry() -> kiln_jobs::Registry {
-    kiln_jobs::Registry::with_builtins()
+    let mut registry = kiln_jobs::Registry::with_builtins();
+    let models = kiln_hub::models_dir();
+    let resolve =
+        std::sync::Arc::new(|spec: &str| kiln_hub::resolve_model(spec, false).ok().map(|m| m.path));
+    registry.register(
+        "quantize",
+        kiln_lab::quantize::job::QuantizeRunner::new(models, resolve),
+    );
+    registry
 }
 
 /// `kiln __job <id>`: run one heavy job in this process (started by the server).

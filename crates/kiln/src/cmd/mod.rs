@@ -7,4 +7,5 @@ pub mod generate;
 pub mod jobs;
 pub mod models;
 pub mod pull;
+pub mod quantize;
 pub mod serve;

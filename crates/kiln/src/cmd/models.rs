@@ -52,7 +52,13 @@ fn describe(m: CachedModel) -> Row {
             let arch = files.config.arch.name().to_string();
             let quant = match (files.gguf(), m.kind) {
                 (Some(g), _) => dominant_type(g),
-                (None, ModelKind::HfFolder) => "f32/f16/bf16".into(),
+                (None, ModelKind::HfFolder) => match &files.source {
+                    kiln_model::files::WeightFiles::Safetensors(st) => match st.mlx_widths() {
+                        Some(w) => mlx_label(&w),
+                        None => "f32/f16/bf16".into(),
+                    },
+                    _ => "f32/f16/bf16".into(),
+                },
                 _ => "-".into(),
             };
             (arch, quant)
@@ -87,5 +93,14 @@ fn human_size(bytes: u64) -> String {
         format!("{:.1} GiB", mib / 1024.0)
     } else {
         format!("{mib:.1} MiB")
+    }
+}
+
+/// `mlx affine 4-bit`, or `mlx affine 3-8-bit (mixed)`.
+fn mlx_label(widths: &std::collections::BTreeMap<u32, usize>) -> String {
+    let bits: Vec<String> = widths.keys().map(u32::to_string).collect();
+    match bits.as_slice() {
+        [one] => format!("mlx affine {one}-bit"),
+        many => format!("mlx affine {}-bit (mixed)", many.join("/")),
     }
 }

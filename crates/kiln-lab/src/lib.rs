@@ -1,0 +1,7 @@
+//! kiln's lab: job kinds that produce models. Today: `quantize` (uniform and mixed precision,
+//! GGUF and MLX output).
+
+pub mod error;
+pub mod quantize;
+
+pub use error::LabError;

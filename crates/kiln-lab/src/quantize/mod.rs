@@ -1,0 +1,17 @@
+//! The quantize job: uniform or mixed-precision (measured-sensitivity) quantization of a model
+//! into GGUF or MLX affine safetensors.
+
+pub mod allocate;
+pub mod calibration;
+pub mod config;
+pub mod gguf_out;
+pub mod hf_export;
+pub mod job;
+pub mod mlx_out;
+pub mod plan;
+pub mod run;
+pub mod sensitivity;
+pub mod st_writer;
+
+pub use config::{OutputFormat, QuantizeConfig};
+pub use run::{QuantizeReport, Reporter, quantize};
