@@ -56,8 +56,8 @@ pub fn encode_row(ty: GgmlType, row: &[f32], out: &mut [u8]) -> Result<()> {
     encode_checked(ty, row, out)
 }
 
-/// Encodes `rows × cols` row-major f32 values as `ty` (row by row; rows in parallel over the
-/// machine's threads with `std::thread::scope`). Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0,
+/// Encodes `rows × cols` row-major f32 values as `ty` (row by row; rows in parallel on the
+/// process-wide pool). Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0,
 /// Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Errors ([`KernelError`]) when `cols` is not a
 /// multiple of the type's block size, `data.len() != rows * cols`, or the type cannot be
 /// encoded (Q8_1, Q8_K).
@@ -81,26 +81,23 @@ pub fn encode_rows(ty: GgmlType, data: &[f32], rows: usize, cols: usize) -> Resu
     if n == 0 {
         return Ok(out);
     }
-    let threads = if n < MIN_PARALLEL_ELEMS {
-        1
-    } else {
-        std::thread::available_parallelism().map_or(1, |t| t.get())
-    };
-    if threads == 1 || rows == 1 {
+    if n < MIN_PARALLEL_ELEMS || rows == 1 {
         encode_piece(ty, data, &mut out, cols, row_bytes)?;
         return Ok(out);
     }
-    let per = rows.div_ceil(threads.min(rows));
-    let pieces = data.chunks(per * cols).zip(out.chunks_mut(per * row_bytes));
-    std::thread::scope(|s| {
-        let handles: Vec<_> = pieces
-            .map(|(x, o)| s.spawn(move || encode_piece(ty, x, o, cols, row_bytes)))
-            .collect();
-        handles
-            .into_iter()
-            .try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-    })?;
-    Ok(out)
+    // One row per piece on the process-wide pool (so `-t` holds), at least
+    // MIN_PARALLEL_ELEMS values per task.
+    let rows_per_task = MIN_PARALLEL_ELEMS.div_ceil(cols);
+    let failure = std::sync::Mutex::new(None);
+    crate::pool::for_each_chunk_mut(&mut out, row_bytes, rows_per_task, |r, o| {
+        if let Err(e) = encode_checked(ty, &data[r * cols..(r + 1) * cols], o) {
+            *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+        }
+    });
+    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
 }
 
 /// Encodes consecutive rows of `cols` elements (`row_bytes` each), lengths already checked.

@@ -63,6 +63,7 @@ pub fn write_tensors(
             planned.push(p);
         }
     }
+    let data_bytes = planned.iter().map(|p| p.bytes).sum();
     let plan = ShardPlan::new(planned, SHARD_BYTES);
     let mut report = WrittenTensors::default();
     let mut pending: BTreeMap<String, Vec<u8>> = BTreeMap::new();
@@ -92,19 +93,8 @@ pub fn write_tensors(
         }
         mine.ok_or_else(|| LabError::config("out_dir", format!("{} was not produced", p.name)))
     })?;
-    report.data_bytes = plan_bytes(tensors, spec_for);
+    report.data_bytes = data_bytes;
     Ok(report)
-}
-
-fn plan_bytes(
-    tensors: &[SourceTensor],
-    spec_for: &dyn Fn(&SourceTensor) -> Option<AffineSpec>,
-) -> u64 {
-    tensors
-        .iter()
-        .flat_map(|t| plan_tensor(t, spec_for(t)))
-        .map(|p| p.bytes)
-        .sum()
 }
 
 /// The safetensors entries one source tensor becomes.

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kiln_kernels::GgmlType;
+use kiln_model::arch::LAYER_MATRICES;
 use kiln_model::config::ModelConfig;
 use kiln_model::files::{ModelFiles, WeightFiles};
 use kiln_model::gguf::MetaValue;
@@ -278,11 +279,9 @@ fn sensitivities(
     )?;
     check_probe_memory(&files.config, chunks.len() * cfg.seq_len)?;
     let mut probe = Probe::new(files.tensors(), &files.config, &chunks)?;
-    let modules: Vec<Module> = probe
-        .model()
-        .matrix_names()
+    let modules: Vec<Module> = all_matrices(&files.config)
         .into_iter()
-        .filter_map(|name| module_for(cfg, &files.config, name))
+        .filter_map(|(module, _, _)| module_for(cfg, &files.config, format!("{module}.weight")))
         .collect();
     rep.stage(
         "sensitivity",
@@ -471,15 +470,7 @@ fn allocate_to_size(
 fn all_matrices(c: &ModelConfig) -> Vec<(String, usize, usize)> {
     let mut names = vec!["model.embed_tokens".to_string()];
     for i in 0..c.num_layers {
-        for m in [
-            "self_attn.q_proj",
-            "self_attn.k_proj",
-            "self_attn.v_proj",
-            "self_attn.o_proj",
-        ]
-        .into_iter()
-        .chain(["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"])
-        {
+        for m in LAYER_MATRICES {
             names.push(format!("model.layers.{i}.{m}"));
         }
     }

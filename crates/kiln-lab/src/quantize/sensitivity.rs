@@ -79,16 +79,6 @@ impl Probe {
         Ok(probe)
     }
 
-    /// The reference model (to list its matrices).
-    pub fn model(&self) -> &Model<CpuBackend> {
-        &self.model
-    }
-
-    /// Calibration tokens per forward.
-    pub fn tokens(&self) -> usize {
-        self.tokens.len()
-    }
-
     /// Runs from the first layer `name` feeds (the embedding feeds the first layer and, when
     /// tied, the head; an untied head only the head), reusing the reference's hidden states
     /// before it.

@@ -9,7 +9,7 @@ use crate::config::{Architecture, ModelConfig};
 use crate::weights::{TensorSource, optional};
 
 /// The projections of every decoder layer, as module paths under `model.layers.N`.
-const LAYER_MATRICES: [&str; 7] = [
+pub const LAYER_MATRICES: [&str; 7] = [
     "self_attn.q_proj",
     "self_attn.k_proj",
     "self_attn.v_proj",
@@ -100,22 +100,8 @@ impl<B: Backend> Model<B> {
         })
     }
 
-    /// The Hugging Face names of the model's weight matrices, in load order: the embedding,
-    /// each layer's projections, and an untied output head.
-    pub fn matrix_names(&self) -> Vec<String> {
-        let mut names = vec!["model.embed_tokens.weight".to_string()];
-        for i in 0..self.layers.len() {
-            for m in LAYER_MATRICES {
-                names.push(format!("model.layers.{i}.{m}.weight"));
-            }
-        }
-        if self.lm_head.is_some() {
-            names.push("lm_head.weight".into());
-        }
-        names
-    }
-
-    /// Swaps matrix `name` (one of [`Model::matrix_names`]) for `matrix` and returns the old
+    /// Swaps matrix `name` (the embedding, `lm_head.weight`, or `model.layers.N.<m>.weight` for
+    /// `m` in [`LAYER_MATRICES`]) for `matrix` and returns the old
     /// one, so that a caller can measure the model with one weight changed and put it back.
     pub fn replace_matrix(
         &mut self,
