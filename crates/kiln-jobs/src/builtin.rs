@@ -13,7 +13,9 @@ pub fn register(registry: &mut Registry) {
 }
 
 /// Emits `warmup` (0.25, "starting up") and `work` (0.75), then returns.
-/// Config: `delay_ms` (≤ 60000) sleeps after each stage, checking for cancellation.
+/// Config: `delay_ms` (≤ 60000) sleeps after each stage, checking for cancellation; a stop
+/// request ([`crate::JobHost::request_stop`]) ends the sleep and the job finishes early with
+/// `stopped: true`, as a training job saves and finishes.
 #[derive(Debug, Clone, Copy)]
 pub struct NoopRunner {
     mode: ExecMode,
@@ -40,11 +42,13 @@ impl JobRunner for NoopRunner {
         let delay = Duration::from_millis(delay);
         ctx.stage("warmup", Some(0.25), Some("starting up"))?;
         nap(ctx, delay)?;
-        ctx.stage("work", Some(0.75), None)?;
-        nap(ctx, delay)?;
+        if !ctx.stop_requested() {
+            ctx.stage("work", Some(0.75), None)?;
+            nap(ctx, delay)?;
+        }
         Ok(RunOutput {
             output_path: None,
-            summary: Some(json!({"stages": 2})),
+            summary: Some(json!({"stages": 2, "stopped": ctx.stop_requested()})),
         })
     }
 }
@@ -55,7 +59,7 @@ fn nap(ctx: &JobContext, total: Duration) -> Result<(), RunError> {
     loop {
         ctx.check()?;
         let now = Instant::now();
-        if now >= end {
+        if now >= end || ctx.stop_requested() {
             return Ok(());
         }
         std::thread::sleep((end - now).min(Duration::from_millis(20)));

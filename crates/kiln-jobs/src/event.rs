@@ -72,6 +72,13 @@ pub fn is_terminal(event: &Value) -> bool {
     )
 }
 
+/// `<log_path>.stop`, touched by [`crate::JobHost::request_stop`].
+pub fn stop_path(log_path: &std::path::Path) -> PathBuf {
+    let mut p = log_path.as_os_str().to_owned();
+    p.push(".stop");
+    PathBuf::from(p)
+}
+
 /// The emit sink of one job: appends each event as one flushed line and, for
 /// `stage`/`metric` events, updates the row's progress and message. Never fails.
 #[derive(Debug, Clone)]
@@ -94,6 +101,12 @@ impl Emitter {
     /// The job this sink writes for.
     pub fn job_id(&self) -> &str {
         &self.id
+    }
+
+    /// The file whose existence asks the job to stop and save (spec §5.7's `request_stop`):
+    /// `<log_path>.stop`.
+    pub fn stop_path(&self) -> PathBuf {
+        stop_path(&self.log_path)
     }
 
     /// Appends `event`; errors are logged and swallowed.

@@ -213,6 +213,20 @@ impl JobHost {
         (self.inner.store.get(id)?).ok_or_else(|| JobError::NotFound(id.to_string()))
     }
 
+    /// Asks a running job to stop and save (spec §5.7): touches `<log_path>.stop`, which the
+    /// job polls between steps. Only jobs that are queued or running can be asked.
+    pub fn request_stop(&self, id: &str) -> Result<JobRow> {
+        let row = (self.inner.store.get(id)?).ok_or_else(|| JobError::NotFound(id.to_string()))?;
+        if row.status.is_terminal() {
+            return Err(JobError::Terminal {
+                status: row.status.to_string(),
+            });
+        }
+        let path = crate::event::stop_path(std::path::Path::new(&row.log_path));
+        std::fs::write(&path, b"").map_err(|e| JobError::io("requesting a stop at", &path, e))?;
+        Ok(row)
+    }
+
     /// A row this host does not run (a child that outlived an earlier server).
     async fn cancel_untracked(&self, row: &JobRow) {
         crate::recover::disown(&self.inner.adopted, &row.id);

@@ -91,6 +91,12 @@ impl JobContext {
         self.emit(crate::event::stage(name, progress, message))
     }
 
+    /// Whether a stop-and-save was requested ([`crate::JobHost::request_stop`]): a training
+    /// job checks between steps, saves what it has and finishes as `done`.
+    pub fn stop_requested(&self) -> bool {
+        self.emitter.stop_path().exists()
+    }
+
     /// The token, for runners that wait on something cancellable.
     pub fn cancel_token(&self) -> &CancelToken {
         &self.cancel

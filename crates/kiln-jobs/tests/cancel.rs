@@ -150,3 +150,34 @@ async fn close_fails_queued_cancels_running_and_refuses_new_jobs() {
         Err(JobError::Closed)
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_request_ends_a_running_job_as_done() {
+    let (_dir, host) = host();
+    let job = host
+        .submit("noop", json!({"delay_ms": 20000}))
+        .expect("submit");
+    wait_row(&host, &job.id, 20, |r| {
+        r.status == JobStatus::Running && r.progress >= 0.25
+    })
+    .await;
+    let started = Instant::now();
+    host.request_stop(&job.id).expect("request stop");
+    let r = wait_row(&host, &job.id, 10, |r| r.status.is_terminal()).await;
+    assert_eq!(r.status, JobStatus::Done);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let events = final_events(&r).await;
+    let done = events
+        .iter()
+        .find(|e| e["type"] == "done")
+        .expect("done event");
+    assert_eq!(done["summary"]["stopped"], true, "{done}");
+    assert!(matches!(
+        host.request_stop(&job.id),
+        Err(JobError::Terminal { .. })
+    ));
+    assert!(matches!(
+        host.request_stop("nope"),
+        Err(JobError::NotFound(_))
+    ));
+}

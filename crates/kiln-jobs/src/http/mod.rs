@@ -28,6 +28,7 @@ pub fn router(host: JobHost) -> Router {
         .route("/api/jobs/{id}", get(show))
         .route("/api/jobs/{id}/stream", get(sse::stream))
         .route("/api/jobs/{id}/cancel", post(cancel))
+        .route("/api/jobs/{id}/stop", post(request_stop))
         .route("/jobs", get(page))
         .with_state(host)
 }
@@ -118,6 +119,13 @@ async fn show(State(host): State<JobHost>, Path(id): Path<String>) -> Response {
 
 async fn cancel(State(host): State<JobHost>, Path(id): Path<String>) -> Response {
     match host.cancel(&id).await {
+        Ok(job) => axum::Json(json!({"ok": true, "job": job})).into_response(),
+        Err(e) => job_error(e),
+    }
+}
+
+async fn request_stop(State(host): State<JobHost>, Path(id): Path<String>) -> Response {
+    match host.request_stop(&id) {
         Ok(job) => axum::Json(json!({"ok": true, "job": job})).into_response(),
         Err(e) => job_error(e),
     }
