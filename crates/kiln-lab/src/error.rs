@@ -21,6 +21,16 @@ pub enum LabError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A data file (fine-tune JSONL) is malformed; `line` is 1-based, 0 for the file as a whole.
+    #[error("{path}:{line}: {reason}")]
+    Data {
+        /// The file.
+        path: PathBuf,
+        /// The offending line (1-based), or 0 when the problem is the whole file.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
     /// The model could not be read or run.
     #[error(transparent)]
     Model(#[from] kiln_model::ModelError),
@@ -30,6 +40,9 @@ pub enum LabError {
     /// A kernel (quantizer) failed.
     #[error(transparent)]
     Kernel(#[from] kiln_kernels::KernelError),
+    /// Training failed.
+    #[error(transparent)]
+    Train(#[from] kiln_train::TrainError),
     /// The job was cancelled.
     #[error("cancelled")]
     Cancelled,
@@ -40,6 +53,15 @@ impl LabError {
     pub fn config(field: &str, reason: impl Into<String>) -> Self {
         LabError::Config {
             field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A data-file error at `line` of `path` (0: the whole file).
+    pub fn data(path: impl Into<PathBuf>, line: usize, reason: impl Into<String>) -> Self {
+        LabError::Data {
+            path: path.into(),
+            line,
             reason: reason.into(),
         }
     }

@@ -2,6 +2,7 @@
 //! GGUF and MLX output).
 
 pub mod error;
+pub mod finetune;
 pub mod quantize;
 
 pub use error::LabError;

@@ -72,6 +72,16 @@ pub enum ModelError {
     /// A matrix could not be quantized as asked (bits, group size, shape, non-finite values).
     #[error("quantization: {0}")]
     Quantization(String),
+    /// A LoRA adapter module does not fit the model it is checked against, or an adapter in
+    /// memory is inconsistent and cannot be saved (errors reading adapter files name the file
+    /// instead, through the variants above).
+    #[error("LoRA adapter module {module}: {reason}")]
+    Adapter {
+        /// The module path, e.g. `model.layers.3.self_attn.q_proj` (or `adapter` for the whole).
+        module: String,
+        /// What was wrong.
+        reason: String,
+    },
 }
 
 impl ModelError {

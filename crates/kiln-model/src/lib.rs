@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod files;
 pub mod gguf;
+pub mod lora;
 pub mod mlx;
 pub mod tokenizer;
 pub mod weights;

@@ -11,6 +11,7 @@ pub mod loss;
 pub mod memory;
 pub mod ops;
 pub mod optim;
+pub mod profile;
 pub mod tape;
 pub mod trainer;
 

@@ -20,17 +20,42 @@ pub struct LoraPlan {
     pub seed: u64,
     /// Probability of dropping a LoRA input element.
     pub dropout: f32,
+    /// Scale a module's rank by its storage bits (`by_bits`, spec §8.5) when `ranks` does not
+    /// name it.
+    pub by_bits: bool,
+}
+
+/// The code width of a storage type, for `by_bits` (none for float storage).
+pub fn storage_bits(ty: kiln_kernels::GgmlType) -> Option<u32> {
+    use kiln_kernels::GgmlType as T;
+    Some(match ty {
+        T::Q2_K => 2,
+        T::Q3_K => 3,
+        T::Q4_0 | T::Q4_1 | T::Q4_K => 4,
+        T::Q5_0 | T::Q5_1 | T::Q5_K => 5,
+        T::Q6_K => 6,
+        T::Q8_0 | T::Q8_1 | T::Q8_K => 8,
+        T::F32 | T::F16 | T::BF16 => return None,
+    })
 }
 
 impl LoraPlan {
-    /// The rank module `path` (`model.layers.3.self_attn.q_proj`) is adapted with, if any.
-    pub fn rank_for(&self, path: &str) -> Option<usize> {
+    /// The rank module `path` (`model.layers.3.self_attn.q_proj`), stored with `bits`-wide
+    /// codes, is adapted with, if any: `ranks`' entry, else `max(2, ⌈rank·bits/4⌉)` under
+    /// `by_bits` when the bits are known, else the base rank.
+    pub fn rank_for(&self, path: &str, bits: Option<u32>) -> Option<usize> {
         let layer = layer_index(path)?;
         let short = path.rsplit('.').next()?;
         if layer < self.first_layer || !self.targets.iter().any(|t| t == short) {
             return None;
         }
-        Some(self.ranks.get(path).copied().unwrap_or(self.rank).max(1))
+        if let Some(r) = self.ranks.get(path) {
+            return Some((*r).max(1));
+        }
+        Some(match bits.filter(|_| self.by_bits) {
+            Some(b) => (self.rank * b as usize).div_ceil(4).max(2),
+            None => self.rank.max(1),
+        })
     }
 
     /// The multiplier `s` of `(x·A)·B` for a module of rank `rank`.
@@ -165,17 +190,38 @@ mod tests {
             rs_lora: false,
             seed: 3,
             dropout: 0.0,
+            by_bits: true,
         }
     }
 
     #[test]
     fn targets_ranks_and_layers() {
         let p = plan();
-        assert_eq!(p.rank_for("model.layers.0.self_attn.q_proj"), None);
-        assert_eq!(p.rank_for("model.layers.1.self_attn.q_proj"), Some(4));
-        assert_eq!(p.rank_for("model.layers.1.self_attn.k_proj"), None);
-        assert_eq!(p.rank_for("model.layers.2.mlp.down_proj"), Some(8));
-        assert_eq!(p.rank_for("lm_head"), None);
+        assert_eq!(p.rank_for("model.layers.0.self_attn.q_proj", None), None);
+        assert_eq!(p.rank_for("model.layers.1.self_attn.q_proj", None), Some(4));
+        assert_eq!(
+            p.rank_for("model.layers.1.self_attn.q_proj", Some(8)),
+            Some(8)
+        );
+        assert_eq!(
+            p.rank_for("model.layers.1.self_attn.q_proj", Some(2)),
+            Some(2)
+        );
+        assert_eq!(
+            p.rank_for("model.layers.1.self_attn.q_proj", Some(5)),
+            Some(5)
+        );
+        assert_eq!(p.rank_for("model.layers.1.self_attn.k_proj", None), None);
+        assert_eq!(p.rank_for("model.layers.2.mlp.down_proj", Some(4)), Some(8));
+        assert_eq!(p.rank_for("lm_head", None), None);
+        let constant = LoraPlan {
+            by_bits: false,
+            ..plan()
+        };
+        assert_eq!(
+            constant.rank_for("model.layers.1.self_attn.q_proj", Some(8)),
+            Some(4)
+        );
         let rs = LoraPlan { rs_lora: true, ..p };
         assert_eq!(rs.scale_for(4), 1.0);
     }

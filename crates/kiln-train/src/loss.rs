@@ -44,9 +44,20 @@ type TargetWeight = (usize, u32, f64);
 struct Logits<'a> {
     data: &'a [f32],
     vocab: usize,
+    /// Each row's `(max, log Σ exp(x − max))`, computed once on the kernel pool.
+    stats: Vec<(f32, f64)>,
 }
 
-impl Logits<'_> {
+impl<'a> Logits<'a> {
+    fn new(data: &'a [f32], vocab: usize) -> Self {
+        let rows = data.len() / vocab.max(1);
+        let mut stats = vec![(0f32, 0f64); rows];
+        kiln_kernels::pool::for_each_chunk_mut(&mut stats, 1, 8, |r, s| {
+            s[0] = Self::lse(&data[r * vocab..(r + 1) * vocab]);
+        });
+        Self { data, vocab, stats }
+    }
+
     fn row(&self, r: usize) -> Result<&[f32], TrainError> {
         self.data
             .get(r * self.vocab..(r + 1) * self.vocab)
@@ -65,7 +76,7 @@ impl Logits<'_> {
         let x = *row.get(target as usize).ok_or_else(|| {
             TrainError::Loss(format!("target {target} is outside the vocabulary"))
         })?;
-        let (max, lse) = Self::lse(row);
+        let (max, lse) = self.stats[r];
         Ok((x - max) as f64 - lse)
     }
 }
@@ -97,27 +108,39 @@ fn target_logps(
         .collect()
 }
 
-/// `∂L/∂logits` from the per-target weights.
+/// `∂L/∂logits` from the per-target weights (a row's weights summed: every weight of a row
+/// is for the same target), rows on the kernel pool.
 fn logits_grad(l: &Logits<'_>, weights: &[TargetWeight]) -> Result<Vec<f32>, TrainError> {
-    let mut grad = vec![0f32; l.data.len()];
+    let rows = l.stats.len();
+    let mut per_row: Vec<Option<(u32, f64)>> = vec![None; rows];
     for &(r, target, w) in weights {
-        let row = l.row(r)?;
-        let (max, lse) = Logits::lse(row);
-        let dst = &mut grad[r * l.vocab..(r + 1) * l.vocab];
+        l.row(r)?;
+        if target as usize >= l.vocab {
+            return Err(TrainError::Loss(format!(
+                "target {target} is outside the vocabulary"
+            )));
+        }
+        let slot = &mut per_row[r];
+        *slot = Some((target, slot.map_or(0.0, |s| s.1) + w));
+    }
+    let mut grad = vec![0f32; l.data.len()];
+    kiln_kernels::pool::for_each_chunk_mut(&mut grad, l.vocab, 4, |r, dst| {
+        let Some((target, w)) = per_row[r] else {
+            return;
+        };
+        let (max, lse) = l.stats[r];
+        let row = &l.data[r * l.vocab..(r + 1) * l.vocab];
         for (d, &x) in dst.iter_mut().zip(row) {
-            *d -= (w * ((x - max) as f64 - lse).exp()) as f32;
+            *d = -(w * ((x - max) as f64 - lse).exp()) as f32;
         }
         dst[target as usize] += w as f32;
-    }
+    });
     Ok(grad)
 }
 
 /// Supervised fine-tuning: the token mean of `−logp` over every response target of the batch.
 pub fn sft(logits: &[f32], vocab: usize, seqs: &[Sequence<'_>]) -> Result<LossOut, TrainError> {
-    let l = Logits {
-        data: logits,
-        vocab,
-    };
+    let l = Logits::new(logits, vocab);
     let mut targets = Vec::new();
     for (s, start) in seqs.iter().zip(starts(seqs)) {
         targets.extend(target_logps(&l, start, s, false)?);
@@ -143,10 +166,7 @@ pub fn sequence_logps(
     vocab: usize,
     seqs: &[Sequence<'_>],
 ) -> Result<Vec<f64>, TrainError> {
-    let l = Logits {
-        data: logits,
-        vocab,
-    };
+    let l = Logits::new(logits, vocab);
     seqs.iter()
         .zip(starts(seqs))
         .map(|(s, start)| Ok(target_logps(&l, start, s, false)?.iter().map(|t| t.2).sum()))
@@ -187,10 +207,7 @@ pub fn dpo(
     beta: f64,
     kind: DpoKind,
 ) -> Result<LossOut, TrainError> {
-    let l = Logits {
-        data: logits,
-        vocab,
-    };
+    let l = Logits::new(logits, vocab);
     check_pairs(seqs, reference.len())?;
     let st = starts(seqs);
     let pairs = reference.len() as f64;
@@ -262,10 +279,7 @@ pub fn orpo(
     lambda: f64,
     scope: SftScope,
 ) -> Result<LossOut, TrainError> {
-    let l = Logits {
-        data: logits,
-        vocab,
-    };
+    let l = Logits::new(logits, vocab);
     check_pairs(seqs, seqs.len() / 2)?;
     let st = starts(seqs);
     let pairs = (seqs.len() / 2) as f64;

@@ -12,6 +12,8 @@ pub struct Schedule {
     pub warmup: u64,
     /// Total optimizer steps.
     pub total: u64,
+    /// Decay along a cosine after warmup (else hold the peak).
+    pub cosine: bool,
 }
 
 impl Schedule {
@@ -20,6 +22,9 @@ impl Schedule {
         let w = self.warmup.max(1);
         if step < w {
             return self.peak.min(self.peak * (step + 1) as f64 / w as f64);
+        }
+        if !self.cosine {
+            return self.peak;
         }
         let decay = self.total.saturating_sub(self.warmup).max(1) as f64;
         let progress = ((step - self.warmup) as f64 / decay).min(1.0);
@@ -154,6 +159,7 @@ mod tests {
             peak: 1.0,
             warmup: 4,
             total: 104,
+            cosine: true,
         };
         assert_eq!(s.lr(0), 0.25);
         assert_eq!(s.lr(3), 1.0);
@@ -165,8 +171,10 @@ mod tests {
             peak: 2e-4,
             warmup: 0,
             total: 10,
+            cosine: false,
         };
         assert_eq!(none.lr(0), 2e-4);
+        assert_eq!(none.lr(9), 2e-4);
     }
 
     fn param(grad: f32) -> LoraParam {

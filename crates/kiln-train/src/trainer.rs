@@ -7,6 +7,7 @@ use kiln_model::backend::{Backend, BatchLayout, KvLayout, SeqSpan};
 
 use crate::loss::{self, DpoKind, LossOut, Sequence, SftScope};
 use crate::optim::{AdamW, AdamWConfig, Schedule, clip_grad_norm};
+use crate::profile::{Kind, timed};
 use crate::{TapeBackend, TrainError};
 
 /// The training objective (spec §8.1).
@@ -154,7 +155,10 @@ impl Trainer {
     fn loss(&self, seqs: &[Sequence<'_>], recording: bool) -> Result<LossOut, TrainError> {
         let vocab = self.model.config().vocab_size;
         match self.config.method {
-            Method::Sft => loss::sft(&self.logits(seqs, recording, true)?, vocab, seqs),
+            Method::Sft => {
+                let logits = self.logits(seqs, recording, true)?;
+                timed(Kind::Loss, || loss::sft(&logits, vocab, seqs))
+            }
             Method::Dpo { beta, kind } => {
                 let reference =
                     loss::sequence_logps(&self.logits(seqs, false, false)?, vocab, seqs)?;

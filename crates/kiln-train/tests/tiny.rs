@@ -18,6 +18,7 @@ fn trainer(folder: &str) -> Trainer {
             peak: 1e-2,
             warmup: 0,
             total: 10,
+            cosine: true,
         },
         grad_accumulation: 1,
         grad_clip_norm: 0.0,
@@ -163,6 +164,7 @@ fn starter_model_step_time() {
             peak: 2e-4,
             warmup: 0,
             total: 10,
+            cosine: true,
         },
         grad_accumulation: 1,
         grad_clip_norm: 1.0,
@@ -178,6 +180,7 @@ fn starter_model_step_time() {
         let s = t.accumulate(&seqs).unwrap();
         let mid = start.elapsed();
         t.optimizer_step();
+        eprintln!("{:?}", kiln_train::profile::take());
         eprintln!(
             "step {i}: loss {:.4} fwd+bwd {:?} total {:?} → {:.1} tok/s",
             s.loss,

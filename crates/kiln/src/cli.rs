@@ -28,6 +28,8 @@ pub enum Command {
     Fit(crate::cmd::fit::FitArgs),
     /// Quantize a model to GGUF or MLX, uniformly or by measured per-layer sensitivity.
     Quantize(crate::cmd::quantize::QuantizeArgs),
+    /// Fine-tune a LoRA adapter (SFT, DPO or ORPO) on a JSONL dataset.
+    Train(crate::cmd::train::TrainArgs),
     /// Evaluate a model: under another KV scheme (`eval kv`) or against a reference model (`eval kl`).
     Eval(crate::cmd::eval::EvalArgs),
     /// Serve the model over OpenAI- and Anthropic-compatible HTTP with a chat page (the default verb).

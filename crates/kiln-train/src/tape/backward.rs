@@ -5,6 +5,7 @@ use super::node::{Node, Op};
 use crate::TrainError;
 use crate::lora::LoraParam;
 use crate::ops::{attention, glu, norm, rope};
+use crate::profile::{Kind, timed};
 
 fn accumulate(grads: &mut [Option<Vec<f32>>], nodes: &[Node], id: usize, g: Vec<f32>) {
     if !nodes[id].requires_grad {
@@ -49,7 +50,12 @@ pub(crate) fn run(
             nodes[id].value = None;
             continue;
         };
-        step(&nodes, id, g, &mut grads, params)?;
+        let kind = match nodes[id].op {
+            Op::Linear { .. } => Kind::MatmulBackward,
+            Op::Attention { .. } => Kind::AttentionBackward,
+            _ => Kind::Other,
+        };
+        timed(kind, || step(&nodes, id, g, &mut grads, params))?;
         nodes[id].value = None;
         nodes[id].op = Op::Leaf;
     }

@@ -18,6 +18,7 @@ use kiln_model::config::{Activation, ModelConfig};
 use crate::TrainError;
 use crate::lora::{LoraParam, LoraPlan, dropout_mask};
 use crate::ops::{attention, glu, norm, rope};
+use crate::profile::{Kind, timed};
 pub use linear::MatrixData;
 use node::{Angles, Node, Op};
 
@@ -253,9 +254,10 @@ impl Backend for TapeBackend {
     }
 
     fn matrix(&self, name: &str, t: HostTensor) -> Result<TapeMatrix, ModelError> {
+        let bits = crate::lora::storage_bits(t.ty);
         let data = MatrixData::new(name, t, self.options.dense).map_err(model_error)?;
         let path = name.strip_suffix(".weight").unwrap_or(name);
-        let lora = match self.options.plan.rank_for(path) {
+        let lora = match self.options.plan.rank_for(path, bits) {
             Some(rank) => self.with_params(|p| {
                 p.push(LoraParam::init(
                     path,
@@ -372,8 +374,10 @@ impl Backend for TapeBackend {
             let p = self.options.plan.dropout;
             let mask = (p > 0.0 && t.recording && lora.is_some())
                 .then(|| dropout_mask(v[0].len(), p, self.options.plan.seed, t.step, &w.data.name));
-            let (y, xa) = linear::forward(v[0], x.rows, &w.data, lora, mask.as_deref())
-                .map_err(|e| e.to_string())?;
+            let (y, xa) = timed(Kind::MatmulForward, || {
+                linear::forward(v[0], x.rows, &w.data, lora, mask.as_deref())
+            })
+            .map_err(|e| e.to_string())?;
             let saved = linear::LinearSaved {
                 w: w.data.clone(),
                 lora: lora_index.filter(|_| lora.is_some()),
@@ -457,7 +461,9 @@ impl Backend for TapeBackend {
             window: params.window,
         };
         Ok(self.record(&[q, k, v], q.cols, |vals, _| {
-            let (out, probs) = attention::forward(vals[0], vals[1], vals[2], &spans, &shape);
+            let (out, probs) = timed(Kind::AttentionForward, || {
+                attention::forward(vals[0], vals[1], vals[2], &spans, &shape)
+            });
             Ok((
                 out,
                 Op::Attention {

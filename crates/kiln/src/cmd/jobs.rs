@@ -16,7 +16,12 @@ pub fn registry() -> kiln_jobs::Registry {
         std::sync::Arc::new(|spec: &str| kiln_hub::resolve_model(spec, false).ok().map(|m| m.path));
     registry.register(
         "quantize",
-        kiln_lab::quantize::job::QuantizeRunner::new(models, resolve),
+        kiln_lab::quantize::job::QuantizeRunner::new(models, resolve.clone()),
+    );
+    let adapters = kiln_hub::cache_dir().join("adapters");
+    registry.register(
+        "finetune",
+        kiln_lab::finetune::job::FinetuneRunner::new(adapters, resolve),
     );
     registry
 }

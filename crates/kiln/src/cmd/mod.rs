@@ -9,3 +9,4 @@ pub mod models;
 pub mod pull;
 pub mod quantize;
 pub mod serve;
+pub mod train;

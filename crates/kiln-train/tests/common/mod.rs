@@ -37,6 +37,7 @@ pub fn plan(rank: usize, scale: f32) -> LoraPlan {
         rs_lora: false,
         seed: 1,
         dropout: 0.0,
+        by_bits: false,
     }
 }
 
