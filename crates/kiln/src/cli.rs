@@ -30,6 +30,8 @@ pub enum Command {
     Quantize(crate::cmd::quantize::QuantizeArgs),
     /// Fine-tune a LoRA adapter (SFT, DPO or ORPO) on a JSONL dataset.
     Train(crate::cmd::train::TrainArgs),
+    /// Merge a LoRA adapter into its base model, in the base's quantization layout.
+    Fuse(crate::cmd::fuse::FuseArgs),
     /// Evaluate a model: under another KV scheme (`eval kv`) or against a reference model (`eval kl`).
     Eval(crate::cmd::eval::EvalArgs),
     /// Serve the model over OpenAI- and Anthropic-compatible HTTP with a chat page (the default verb).

@@ -4,6 +4,7 @@
 pub mod adapter_out;
 pub mod config;
 pub mod data;
+pub mod fuse;
 pub mod job;
 pub mod plan;
 pub mod run;

@@ -364,6 +364,10 @@ impl<'a> Loop<'a> {
     fn run(&mut self, trainer: &mut Trainer, rep: &mut dyn TrainReporter) -> Result<(), LabError> {
         let iters = self.cfg.iters;
         rep.stage("training", 0.05, &format!("{iters} steps"))?;
+        // The base's validation loss first, so that every curve starts where training did.
+        if self.valid.is_some() {
+            self.validate(trainer, rep, 0)?;
+        }
         for step in 1..=iters {
             if rep.stop_requested() {
                 self.stopped = true;
@@ -440,7 +444,7 @@ impl<'a> Loop<'a> {
         }
         let mut m = json!({"type": "metric", "ts": kiln_jobs::event::now_ms(), "kind": "val", "step": step, "loss": loss, "examples": n});
         preference_fields(&mut m, &stats);
-        if self.cfg.save_checkpoints {
+        if self.cfg.save_checkpoints && step > 0 {
             let dir = self
                 .cfg
                 .adapter_path

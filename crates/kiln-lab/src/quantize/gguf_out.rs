@@ -68,6 +68,32 @@ pub fn write(
     extra: Vec<(String, MetaValue)>,
     on_tensor: &mut dyn FnMut(usize, usize) -> Result<(), LabError>,
 ) -> Result<WrittenTensors, LabError> {
+    write_edited(
+        file,
+        specs,
+        out,
+        extra,
+        &|_| false,
+        &mut |_, _, _, _| Ok(false),
+        on_tensor,
+    )
+}
+
+/// Changes a tensor's values before it is encoded: `edit(name, values, rows, cols)` returns
+/// whether it changed them.
+pub type TensorEdit<'a> = dyn FnMut(&str, &mut [f32], usize, usize) -> Result<bool, LabError> + 'a;
+
+/// [`write`], with `edit` offered each 2-D tensor `wants` names in f32 (in the file's row
+/// order) first; an edited tensor is re-encoded even when its type stays.
+pub fn write_edited(
+    file: &GgufFile,
+    specs: Vec<GgufTensorSpec>,
+    out: &Path,
+    extra: Vec<(String, MetaValue)>,
+    wants: &dyn Fn(&str) -> bool,
+    edit: &mut TensorEdit<'_>,
+    on_tensor: &mut dyn FnMut(usize, usize) -> Result<(), LabError>,
+) -> Result<WrittenTensors, LabError> {
     let metadata = carried_metadata(file, &specs, extra);
     let total = specs.len();
     let mut writer = GgufWriter::create(out, &metadata, specs.clone())?;
@@ -78,16 +104,23 @@ pub fn write(
         })?;
         let cols = info.dims[0] as usize;
         let rows = (info.elem_count() / info.dims[0]) as usize;
-        let bytes = if spec.ty == info.ty {
-            file.tensor_bytes(info)
-        } else {
-            let source = HostTensor {
-                ty: info.ty,
-                rows,
-                cols,
-                bytes: file.tensor_bytes(info),
-            };
-            kiln_kernels::encode::encode_rows(spec.ty, &source.to_f32()?, rows, cols)?
+        let source = HostTensor {
+            ty: info.ty,
+            rows,
+            cols,
+            bytes: file.tensor_bytes(info),
+        };
+        let mut values = None;
+        if info.dims.len() == 2 && wants(&spec.name) {
+            let mut v = source.to_f32()?;
+            if edit(&spec.name, &mut v, rows, cols)? {
+                values = Some(v);
+            }
+        }
+        let bytes = match values {
+            Some(v) => kiln_kernels::encode::encode_rows(spec.ty, &v, rows, cols)?,
+            None if spec.ty == info.ty => source.bytes,
+            None => kiln_kernels::encode::encode_rows(spec.ty, &source.to_f32()?, rows, cols)?,
         };
         writer.write_tensor(&spec.name, &bytes)?;
         report.data_bytes += bytes.len() as u64;

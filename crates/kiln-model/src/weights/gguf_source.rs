@@ -129,7 +129,7 @@ impl GgufSource {
 
 /// Row order that undoes llama.cpp's permutation: within each head, GGUF row `2i + c` is Hugging
 /// Face row `c * half + i`.
-pub(crate) fn unpermute_order(rows: usize, n_heads: usize) -> Option<Vec<usize>> {
+pub fn unpermute_order(rows: usize, n_heads: usize) -> Option<Vec<usize>> {
     if n_heads == 0 || !rows.is_multiple_of(n_heads) || !(rows / n_heads).is_multiple_of(2) {
         return None;
     }

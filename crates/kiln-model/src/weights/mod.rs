@@ -4,7 +4,7 @@
 mod gguf_source;
 mod safetensors_source;
 
-pub use gguf_source::GgufSource;
+pub use gguf_source::{GgufSource, unpermute_order};
 pub use safetensors_source::{SafetensorsSource, parse_safetensors_header};
 
 use std::path::Path;

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod eval;
 pub mod fit;
+pub mod fuse;
 pub mod generate;
 pub mod jobs;
 pub mod models;
