@@ -27,7 +27,8 @@ open(sys.argv[1], "w").write(json.dumps({"text": text}) + "\n")
 PY
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs, $(grep -o 'avx512_vnni\|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')level ${KILN_CPU_LEVEL:-native}; commit $(git rev-parse --short HEAD)"
 kiln_run() {
-  local tag="$1" extra="$2" out="$WORK/adapter-$tag-$RANDOM"
+  local tag="$1" extra="$2"
+  local out="$WORK/adapter-$tag-$RANDOM"
   echo "{\"steps_per_report\": 1, \"weight_decay\": 0.01$extra}" > "$WORK/cfg.json"
   "$KILN" train "$WORK/data.jsonl" --model "$MODEL" --out "$out" --iters $((STEPS + 2)) \
     --max-seq-length 512 --learning-rate 2e-4 --rank 8 --scale 2 --config "$WORK/cfg.json" \

@@ -186,11 +186,16 @@ impl Trainer {
     /// Forward and backward of one micro-batch, adding its share of the gradient.
     pub fn accumulate(&mut self, seqs: &[Sequence<'_>]) -> Result<MicroStats, TrainError> {
         let out = self.loss(seqs, true)?;
-        let k = 1.0 / self.config.grad_accumulation.max(1) as f32;
-        let grad = out.grad.iter().map(|g| g * k).collect();
+        let stats = stats(&out, seqs);
+        let mut grad = out.grad;
+        let accumulation = self.config.grad_accumulation.max(1);
+        if accumulation > 1 {
+            let k = 1.0 / accumulation as f32;
+            grad.iter_mut().for_each(|g| *g *= k);
+        }
         self.backend.backward(grad)?;
         self.micro += 1;
-        Ok(stats(&out, seqs))
+        Ok(stats)
     }
 
     /// Whether enough micro-batches have accumulated for an optimizer step.

@@ -88,7 +88,14 @@ impl<'a> HeadViews<'a> {
     fn new(q: &'a [f32], k: &'a [f32], v: &'a [f32], start: usize, h: usize, s: &Shape) -> Self {
         let (qw, kw, hd) = (s.q_width(), s.kv_width(), s.head_dim);
         let g = h / s.group();
-        Self { q: &q[start * qw + h * hd..], k: &k[start * kw + g * hd..], v: &v[start * kw + g * hd..], qw, kw, hd }
+        Self {
+            q: &q[start * qw + h * hd..],
+            k: &k[start * kw + g * hd..],
+            v: &v[start * kw + g * hd..],
+            qw,
+            kw,
+            hd,
+        }
     }
     fn q(&self, i0: usize, i1: usize) -> View<'a> {
         View::strided(&self.q[i0 * self.qw..], i1 - i0, self.hd, self.qw)
@@ -103,7 +110,13 @@ impl<'a> HeadViews<'a> {
 
 /// The attention output `[rows, q_width]` and each (span, head)'s probabilities `[n, n]`
 /// (zero above the diagonal).
-pub fn forward(q: &[f32], k: &[f32], v: &[f32], spans: &[Span], s: &Shape) -> (Vec<f32>, Vec<Vec<f32>>) {
+pub fn forward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    spans: &[Span],
+    s: &Shape,
+) -> (Vec<f32>, Vec<Vec<f32>>) {
     let (qw, hd) = (s.q_width(), s.head_dim);
     let results = per_head(spans, s.n_heads, |si, h| {
         let (start, n) = spans[si];
@@ -111,7 +124,14 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], spans: &[Span], s: &Shape) -> (V
         let mut p = vec![0f32; n * n];
         let mut o = vec![0f32; n * hd];
         for (i0, i1) in blocks(n) {
-            matmul_into_serial(&mut p[i0 * n..], n, hv.q(i0, i1), hv.k(i1).t(), s.scale, false);
+            matmul_into_serial(
+                &mut p[i0 * n..],
+                n,
+                hv.q(i0, i1),
+                hv.k(i1).t(),
+                s.scale,
+                false,
+            );
             softmax_causal(&mut p[i0 * n..i1 * n], n, i0, i1, s);
             let pb = View::strided(&p[i0 * n..], i1 - i0, i1, n);
             matmul_into_serial(&mut o[i0 * hd..], hd, pb, hv.v(i1), 1.0, false);
@@ -145,7 +165,11 @@ fn softmax_causal(rows: &mut [f32], n: usize, i0: usize, i1: usize, s: &Shape) {
         }
         let mut sum = 0f32;
         for (j, x) in row.iter_mut().enumerate() {
-            *x = if j < i1 && s.visible(i, j) { (*x - max).exp() } else { 0.0 };
+            *x = if j < i1 && s.visible(i, j) {
+                (*x - max).exp()
+            } else {
+                0.0
+            };
             sum += *x;
         }
         row.iter_mut().for_each(|x| *x /= sum);
@@ -180,7 +204,9 @@ pub fn backward(
             for (r, drow) in ds[..bi * i1].chunks_exact_mut(i1).enumerate() {
                 let prow = &p[(i0 + r) * n..(i0 + r) * n + i1];
                 let dot: f32 = drow.iter().zip(prow).map(|(d, pp)| d * pp).sum();
-                drow.iter_mut().zip(prow).for_each(|(d, pp)| *d = pp * (*d - dot));
+                drow.iter_mut()
+                    .zip(prow)
+                    .for_each(|(d, pp)| *d = pp * (*d - dot));
             }
             let dsv = View::rows(&ds[..bi * i1], bi, i1);
             matmul_into_serial(&mut dq[i0 * hd..], hd, dsv, hv.k(i1), s.scale, false);
@@ -189,7 +215,11 @@ pub fn backward(
         (dq, dk, dv)
     });
     let rows: usize = spans.iter().map(|sp| sp.1).sum();
-    let (mut dq, mut dk, mut dv) = (vec![0f32; rows * qw], vec![0f32; rows * kw], vec![0f32; rows * kw]);
+    let (mut dq, mut dk, mut dv) = (
+        vec![0f32; rows * qw],
+        vec![0f32; rows * kw],
+        vec![0f32; rows * kw],
+    );
     for (i, (hq, hk, hv)) in results.into_iter().enumerate() {
         let ((start, n), h) = (spans[i / s.n_heads], i % s.n_heads);
         let g = h / s.group();
@@ -241,7 +271,13 @@ mod tests {
 
     #[test]
     fn blocks_of_a_long_sequence_match_finite_differences() {
-        let s = Shape { n_heads: 2, n_kv_heads: 1, head_dim: 2, scale: 0.5, window: Some(100) };
+        let s = Shape {
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 2,
+            scale: 0.5,
+            window: Some(100),
+        };
         let rows = 150;
         let spans = [(0, rows)];
         let q = fd::input(rows * 4, 21);
@@ -257,11 +293,24 @@ mod tests {
                 let f = |d: f32| -> f64 {
                     let mut y = x.to_vec();
                     y[i] += d;
-                    let (qq, kk, vv) = match which { 0 => (&y, &k, &v), 1 => (&q, &y, &v), _ => (&q, &k, &y) };
-                    forward(qq, kk, vv, &spans, &s).0.iter().zip(&dout).map(|(a, b)| (*a as f64) * (*b as f64)).sum()
+                    let (qq, kk, vv) = match which {
+                        0 => (&y, &k, &v),
+                        1 => (&q, &y, &v),
+                        _ => (&q, &k, &y),
+                    };
+                    forward(qq, kk, vv, &spans, &s)
+                        .0
+                        .iter()
+                        .zip(&dout)
+                        .map(|(a, b)| (*a as f64) * (*b as f64))
+                        .sum()
                 };
                 let numeric = (f(h) - f(-h)) / (2.0 * h as f64);
-                assert!((g[i] as f64 - numeric).abs() < 2e-3 * (1.0 + numeric.abs()), "input {which} [{i}]: {} vs {numeric}", g[i]);
+                assert!(
+                    (g[i] as f64 - numeric).abs() < 2e-3 * (1.0 + numeric.abs()),
+                    "input {which} [{i}]: {} vs {numeric}",
+                    g[i]
+                );
             }
         };
         pick(&dq, &q, 0);

@@ -9,3 +9,9 @@ pub mod rope;
 
 #[cfg(test)]
 pub(crate) mod fd;
+
+/// Runs `f(row, out_row)` over the `width`-wide rows of `out` on the kernel pool (elementwise
+/// steps are memory-bound; one thread leaves half the bandwidth of two cores unused).
+pub(crate) fn par_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    kiln_kernels::pool::for_each_chunk_mut(out, width.max(1), 16, f);
+}

@@ -1,18 +1,25 @@
 //! RMSNorm over rows (or over every `width` slice of a row): `y = x · r · (w + offset)` with
 //! `r = 1/√(mean(x²) + eps)`.
 
+/// `1/√(mean(x²) + eps)` of a slice.
+fn inv_rms(xs: &[f32], eps: f32) -> f32 {
+    let mean_sq = xs.iter().map(|v| v * v).sum::<f32>() / xs.len() as f32;
+    1.0 / (mean_sq + eps).sqrt()
+}
+
 /// The forward: `y` and each slice's `r` (kept for the backward).
 pub fn forward(x: &[f32], w: &[f32], width: usize, eps: f32, offset: f32) -> (Vec<f32>, Vec<f32>) {
+    let mut inv = vec![0f32; x.len() / width.max(1)];
+    kiln_kernels::pool::for_each_chunk_mut(&mut inv, 1, 64, |i, r| {
+        r[0] = inv_rms(&x[i * width..(i + 1) * width], eps);
+    });
     let mut y = vec![0f32; x.len()];
-    let mut inv = Vec::with_capacity(x.len() / width.max(1));
-    for (xs, ys) in x.chunks_exact(width).zip(y.chunks_exact_mut(width)) {
-        let mean_sq = xs.iter().map(|v| v * v).sum::<f32>() / width as f32;
-        let r = 1.0 / (mean_sq + eps).sqrt();
-        inv.push(r);
+    super::par_rows(&mut y, width, |i, ys| {
+        let (xs, r) = (&x[i * width..(i + 1) * width], inv[i]);
         for ((yv, xv), wv) in ys.iter_mut().zip(xs).zip(w) {
             *yv = xv * r * (wv + offset);
         }
-    }
+    });
     (y, inv)
 }
 
@@ -26,8 +33,12 @@ pub fn backward(
     offset: f32,
 ) -> Vec<f32> {
     let mut dx = vec![0f32; x.len()];
-    let slices = x.chunks_exact(width).zip(dy.chunks_exact(width));
-    for (((xs, dys), dxs), &r) in slices.zip(dx.chunks_exact_mut(width)).zip(inv) {
+    super::par_rows(&mut dx, width, |i, dxs| {
+        let (xs, dys, r) = (
+            &x[i * width..(i + 1) * width],
+            &dy[i * width..(i + 1) * width],
+            inv[i],
+        );
         let dot: f32 = xs
             .iter()
             .zip(dys)
@@ -38,7 +49,7 @@ pub fn backward(
         for (((o, xv), d), wv) in dxs.iter_mut().zip(xs).zip(dys).zip(w) {
             *o = r * d * (wv + offset) - xv * k;
         }
-    }
+    });
     dx
 }
 

@@ -35,7 +35,7 @@ fn rotate(
     sign: f32,
 ) {
     let half = head_dim / 2;
-    for (t, row) in x.chunks_exact_mut(width).enumerate() {
+    super::par_rows(x, width, |t, row| {
         let (c, s) = (
             &cos[t * freqs..(t + 1) * freqs],
             &sin[t * freqs..(t + 1) * freqs],
@@ -48,7 +48,7 @@ fn rotate(
                 b[i] = x2 * c[i] + x1 * si;
             }
         }
-    }
+    });
 }
 
 #[cfg(test)]
