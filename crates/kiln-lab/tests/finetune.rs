@@ -571,25 +571,73 @@ fn a_fused_gguf_answers_like_the_base_with_its_adapter() {
 fn dump_adapted_logits_for_the_peft_check() {
     use kiln_train::loss::Sequence;
     use kiln_train::trainer::{Method, StepConfig, Trainer};
-    let (Ok(adapter_dir), Ok(out)) = (std::env::var("KILN_DUMP_ADAPTER"), std::env::var("KILN_DUMP_OUT")) else { panic!("set KILN_DUMP_ADAPTER and KILN_DUMP_OUT") };
+    let (Ok(adapter_dir), Ok(out)) = (
+        std::env::var("KILN_DUMP_ADAPTER"),
+        std::env::var("KILN_DUMP_OUT"),
+    ) else {
+        panic!("set KILN_DUMP_ADAPTER and KILN_DUMP_OUT")
+    };
     let model = common::starter().expect("the starter model");
     let adapter = LoraAdapter::load(Path::new(&adapter_dir)).unwrap();
     let plan = kiln_train::lora::LoraPlan {
-        targets: adapter.modules.keys().filter_map(|k| k.rsplit('.').next()).map(String::from).collect(),
-        first_layer: 0, rank: 1, ranks: adapter.modules.iter().map(|(k, m)| (k.clone(), m.rank)).collect(), scale: 1.0, rs_lora: false, seed: 0, dropout: 0.0, by_bits: false,
+        targets: adapter
+            .modules
+            .keys()
+            .filter_map(|k| k.rsplit('.').next())
+            .map(String::from)
+            .collect(),
+        first_layer: 0,
+        rank: 1,
+        ranks: adapter
+            .modules
+            .iter()
+            .map(|(k, m)| (k.clone(), m.rank))
+            .collect(),
+        scale: 1.0,
+        rs_lora: false,
+        seed: 0,
+        dropout: 0.0,
+        by_bits: false,
     };
     let backend = kiln_train::TapeBackend::new(kiln_train::TapeOptions { plan, dense: false });
     let loaded = kiln_engine::load::load_model(&backend, &model).unwrap();
-    backend.with_params(|ps| ps.iter_mut().for_each(|p| {
-        let w = &adapter.modules[&p.path];
-        (p.a, p.b, p.scale) = (w.a.clone(), w.b.clone(), w.scale);
-    }));
-    let sc = StepConfig { method: Method::Sft, adamw: Default::default(), schedule: kiln_train::optim::Schedule { peak: 0.0, warmup: 0, total: 1, cosine: false }, grad_accumulation: 1, grad_clip_norm: 0.0 };
+    backend.with_params(|ps| {
+        ps.iter_mut().for_each(|p| {
+            let w = &adapter.modules[&p.path];
+            (p.a, p.b, p.scale) = (w.a.clone(), w.b.clone(), w.scale);
+        })
+    });
+    let sc = StepConfig {
+        method: Method::Sft,
+        adamw: Default::default(),
+        schedule: kiln_train::optim::Schedule {
+            peak: 0.0,
+            warmup: 0,
+            total: 1,
+            cosine: false,
+        },
+        grad_accumulation: 1,
+        grad_clip_norm: 0.0,
+    };
     let t = Trainer::new(backend, loaded.model, sc);
-    let tokens: Vec<u32> = vec![1, 504, 3458, 282, 4649, 314, 7042, 30, 2, 9690, 421, 1115, 253, 1345, 28, 100];
-    let logits = t.logits(&[Sequence { tokens: &tokens, prompt_len: 0 }], false, true).unwrap();
+    let tokens: Vec<u32> = vec![
+        1, 504, 3458, 282, 4649, 314, 7042, 30, 2, 9690, 421, 1115, 253, 1345, 28, 100,
+    ];
+    let logits = t
+        .logits(
+            &[Sequence {
+                tokens: &tokens,
+                prompt_len: 0,
+            }],
+            false,
+            true,
+        )
+        .unwrap();
     let vocab = logits.len() / tokens.len();
-    let header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {vocab}), }}", tokens.len());
+    let header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {vocab}), }}",
+        tokens.len()
+    );
     let mut h = header.into_bytes();
     while (10 + h.len() + 1) % 64 != 0 {
         h.push(b' ');
@@ -600,5 +648,12 @@ fn dump_adapted_logits_for_the_peft_check() {
     bytes.extend(h);
     bytes.extend(logits.iter().flat_map(|v| v.to_le_bytes()));
     std::fs::write(&out, bytes).unwrap();
-    eprintln!("tokens {}", tokens.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","));
+    eprintln!(
+        "tokens {}",
+        tokens
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
 }
