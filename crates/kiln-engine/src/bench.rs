@@ -3,6 +3,7 @@
 use std::time::Instant;
 
 use kiln_model::backend::{Backend, BatchLayout, KvStore, OpProfile, SeqSpan};
+use kiln_model::lora::AdapterStack;
 use serde::Serialize;
 
 use crate::{Engine, EngineError};
@@ -90,6 +91,15 @@ fn prompt_ids(n: usize, vocab: usize) -> Vec<u32> {
 impl<B: Backend> Engine<B> {
     /// Runs the configured tests and returns one result per test.
     pub fn bench(&mut self, cfg: &BenchConfig) -> Result<Vec<BenchResult>, EngineError> {
+        self.bench_with(cfg, None)
+    }
+
+    /// [`Engine::bench`] with every forward running LoRA `adapters` (`kiln bench --adapter`).
+    pub fn bench_with(
+        &mut self,
+        cfg: &BenchConfig,
+        adapters: Option<&AdapterStack>,
+    ) -> Result<Vec<BenchResult>, EngineError> {
         let mut results = vec![];
         let need = cfg
             .depth
@@ -123,7 +133,8 @@ impl<B: Backend> Engine<B> {
         let chunk = self.options().prefill_chunk;
         for slot in 0..batch {
             for (i, part) in fill.chunks(chunk).enumerate() {
-                self.forward_batch(part, &BatchLayout::single(slot, i * chunk, part.len()))?;
+                let layout = BatchLayout::single(slot, i * chunk, part.len());
+                self.forward_batch_with(part, &layout, adapters)?;
             }
         }
         let depth = cfg.depth;
@@ -137,7 +148,7 @@ impl<B: Backend> Engine<B> {
                 self.truncate_cache(depth);
                 let t = Instant::now();
                 let batch = BatchLayout::single(0, depth, ids.len());
-                self.forward_raw(&ids, &batch)?;
+                self.forward_raw_with(&ids, &batch, adapters)?;
                 if rep > 0 {
                     samples.push(ids.len() as f64 / t.elapsed().as_secs_f64());
                 }
@@ -169,7 +180,7 @@ impl<B: Backend> Engine<B> {
                             })
                             .collect(),
                     };
-                    let logits = self.forward_batch(&tokens, &layout)?;
+                    let logits = self.forward_batch_with(&tokens, &layout, adapters)?;
                     for (token, row) in tokens.iter_mut().zip(logits.chunks_exact(vocab)) {
                         *token = argmax(row);
                     }

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use kiln_model::arch::LogitsWanted;
 use kiln_model::backend::{Backend, BatchLayout, KvLayerState, KvLayout, KvStore};
+use kiln_model::lora::AdapterStack;
 
 use crate::EngineError;
 use crate::kv_scheme::memory::KvGeometry;
@@ -84,6 +85,9 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Keep going past EOS tokens (benchmarks).
     pub ignore_eos: bool,
+    /// The LoRA adapters it runs with (`None`: the base model), resolved when the request was
+    /// made: the sequence keeps them to its end even if they are unmounted meanwhile.
+    pub adapters: Option<Arc<AdapterStack>>,
 }
 
 /// Why generation ended.
@@ -306,6 +310,18 @@ impl<B: Backend> Engine<B> {
         self.forward_batch(tokens, batch)
     }
 
+    /// [`Engine::forward_raw`] with `adapters` on every span (benchmarks).
+    pub fn forward_raw_with(
+        &mut self,
+        tokens: &[u32],
+        batch: &BatchLayout,
+        adapters: Option<&AdapterStack>,
+    ) -> Result<Vec<f32>, EngineError> {
+        self.refuse_while_busy()?;
+        self.sched.slots.slots[0].tokens.clear();
+        self.forward_batch_with(tokens, batch, adapters)
+    }
+
     /// One forward of any layout over the engine's slots, returning the last position's logits
     /// of each span, then the conversions due in every slot it touched (benchmarks of batched
     /// decode, with no sequence in flight).
@@ -314,8 +330,40 @@ impl<B: Backend> Engine<B> {
         tokens: &[u32],
         batch: &BatchLayout,
     ) -> Result<Vec<f32>, EngineError> {
+        self.forward_batch_with(tokens, batch, None)
+    }
+
+    /// [`Engine::forward_batch`] with `adapters` on every span (benchmarks). The slots it
+    /// writes keep no prefix for reuse.
+    pub fn forward_batch_with(
+        &mut self,
+        tokens: &[u32],
+        batch: &BatchLayout,
+        adapters: Option<&AdapterStack>,
+    ) -> Result<Vec<f32>, EngineError> {
         self.refuse_while_busy()?;
-        self.forward_spans(tokens, batch, LogitsWanted::LastOfEach)
+        self.check_adapters(adapters)?;
+        let stacks = vec![adapters; batch.spans.len()];
+        for span in &batch.spans {
+            if let Some(s) = self.sched.slots.slots.get_mut(span.slot) {
+                s.tokens.clear();
+            }
+        }
+        self.forward_spans(tokens, batch, LogitsWanted::LastOfEach, &stacks)
+    }
+
+    /// Refuses a stack that was not checked against this model.
+    pub(crate) fn check_adapters(
+        &self,
+        adapters: Option<&AdapterStack>,
+    ) -> Result<(), EngineError> {
+        match adapters {
+            Some(s) if !s.fits(&self.model.config) => Err(EngineError::Request(format!(
+                "adapter {} does not fit the served model",
+                s.key()
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Benchmarks and evaluations write slots directly: never under running sequences.
@@ -342,8 +390,19 @@ impl<B: Backend> Engine<B> {
         tokens: &[u32],
         chunk: usize,
     ) -> Result<Vec<f32>, EngineError> {
+        self.logits_all_with(tokens, chunk, None)
+    }
+
+    /// [`Engine::logits_all_chunked`] with LoRA `adapters` (what serving them computes).
+    pub fn logits_all_with(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+        adapters: Option<&AdapterStack>,
+    ) -> Result<Vec<f32>, EngineError> {
         check_fits(tokens.len(), self.options.context_len)?;
         self.refuse_while_busy()?;
+        self.check_adapters(adapters)?;
         if chunk == 0 {
             return Err(EngineError::Request("the chunk must be positive".into()));
         }
@@ -351,9 +410,11 @@ impl<B: Backend> Engine<B> {
         let mut out = Vec::with_capacity(tokens.len() * self.model.config.vocab_size);
         for (i, part) in tokens.chunks(chunk).enumerate() {
             let batch = BatchLayout::single(0, i * chunk, part.len());
-            out.extend(self.forward_spans(part, &batch, LogitsWanted::All)?);
+            out.extend(self.forward_spans(part, &batch, LogitsWanted::All, &[adapters])?);
         }
-        self.sched.slots.slots[0].tokens = tokens.to_vec();
+        let slot = &mut self.sched.slots.slots[0];
+        slot.tokens = tokens.to_vec();
+        slot.namespace = adapters.map_or_else(String::new, |a| a.namespace().to_string());
         Ok(out)
     }
 

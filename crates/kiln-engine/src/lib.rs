@@ -3,6 +3,7 @@
 //! strings, incremental detokenisation), benchmarks. The KV storage itself belongs to the
 //! backend and is owned by [`generate::Engine`], never by model code.
 
+pub mod adapters;
 pub mod bench;
 pub mod detok;
 pub mod error;
@@ -17,6 +18,7 @@ mod sequence;
 pub mod stats;
 pub mod stop;
 
+pub use adapters::{AdapterError, AdapterRegistry};
 pub use error::EngineError;
 pub use generate::{
     Engine, EngineOptions, FinishReason, GenerateOutput, GenerateRequest, KvReport,

@@ -54,6 +54,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         sampling: SamplingParams::default(),
         stop: vec![],
         ignore_eos: false,
+        adapters: None,
     }
 }
 

@@ -29,6 +29,7 @@ fn greedy(e: &Engine<CpuBackend>, text: &str) -> GenerateRequest {
         sampling: SamplingParams::default(),
         stop: vec![],
         ignore_eos: true,
+        adapters: None,
     }
 }
 

@@ -114,6 +114,25 @@ impl WeightBuf {
         Self { storage }
     }
 
+    /// `len` zero bytes in a mapping of their own (huge pages where the OS allows), given back
+    /// to the OS when the buffer is dropped: for weights that come and go while the process
+    /// runs (a LoRA adapter mounted and unmounted), which in a shared chunk would keep their
+    /// pages until every other buffer of the chunk is gone.
+    pub fn zeroed_dedicated(len: usize) -> Self {
+        let own = (len > 0)
+            .then(|| len.checked_next_multiple_of(HUGE_PAGE))
+            .flatten()
+            .and_then(Chunk::map)
+            .map(|chunk| Storage::Chunk {
+                chunk: Arc::new(chunk),
+                offset: 0,
+                len,
+            });
+        Self {
+            storage: own.unwrap_or_else(|| Storage::Heap(vec![0u8; len])),
+        }
+    }
+
     /// A copy of `bytes` followed by `extra` zero bytes.
     pub fn copy_of(bytes: &[u8], extra: usize) -> Self {
         let mut buf = Self::zeroed(bytes.len().saturating_add(extra));
@@ -198,6 +217,28 @@ impl std::fmt::Debug for WeightBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dedicated_buffer_has_its_own_mapping_freed_with_it() {
+        let mut b = WeightBuf::zeroed_dedicated(300_000);
+        assert_eq!(b.len(), 300_000);
+        assert!(b.iter().all(|&x| x == 0));
+        b.fill(9);
+        let weak = match &b.storage {
+            Storage::Chunk { chunk, offset, .. } => {
+                assert_eq!(*offset, 0);
+                Some(Arc::downgrade(chunk))
+            }
+            Storage::Heap(_) => None,
+        };
+        assert_eq!(weak.is_some(), cfg!(target_os = "linux"));
+        // Nothing else is cut from it.
+        let other = WeightBuf::zeroed(100);
+        assert!(other.iter().all(|&x| x == 0) && b.iter().all(|&x| x == 9));
+        drop(b);
+        assert!(weak.is_none_or(|w| w.upgrade().is_none()));
+        assert_eq!(WeightBuf::zeroed_dedicated(0).len(), 0);
+    }
 
     #[test]
     fn buffers_are_zeroed_disjoint_and_outlive_their_chunk_slot() {

@@ -28,6 +28,8 @@ pub struct Prepared {
     pub stop: Vec<String>,
     /// Keep going past EOS (vLLM's `ignore_eos`, for benchmarks).
     pub ignore_eos: bool,
+    /// The resolved `adapter` field (`None`: the base model).
+    pub adapters: Option<std::sync::Arc<kiln_model::lora::AdapterStack>>,
 }
 
 /// `max_tokens` for a prompt of `prompt_len` tokens: an explicit value must fit in the context
@@ -107,6 +109,7 @@ pub fn submit(
         sampling: p.sampling,
         stop: p.stop,
         ignore_eos: p.ignore_eos,
+        adapters: p.adapters,
     };
     state.gateway.submit(req).map_err(|e| match e {
         GatewayError::Busy(_) => ApiError::busy(e.to_string()).flavor(flavor),

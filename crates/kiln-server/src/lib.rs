@@ -4,6 +4,7 @@
 //! [`gateway::Gateway`], which owns the engine on its own thread; nothing here touches the
 //! engine directly, so batching can later replace the gateway's loop without touching a route.
 
+pub mod adapters;
 pub mod anthropic;
 pub mod auth;
 pub mod body;

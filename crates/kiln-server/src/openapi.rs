@@ -7,7 +7,16 @@ use crate::routes::ROUTES;
 use crate::state::SharedState;
 
 fn request_schema(path: &str) -> Option<Value> {
+    if path == "/v1/adapters" {
+        return Some(
+            json!({"type": "object", "required": ["id", "path"], "properties": {
+                "id": {"type": "string", "description": "The name requests use (letters, digits, . _ -)"},
+                "path": {"type": "string", "description": "The adapter's folder (PEFT or mlx-lm layout)"},
+            }}),
+        );
+    }
     let sampling = json!({
+        "adapter": {"type": "string", "description": "LoRA adapter id, \"a+b\" to stack, \"none\" for the base model"},
         "temperature": {"type": "number"}, "top_p": {"type": "number"}, "top_k": {"type": "integer"},
         "min_p": {"type": "number"}, "seed": {"type": "integer"},
         "repetition_penalty": {"type": "number"}, "presence_penalty": {"type": "number"},
@@ -62,6 +71,11 @@ fn request_schema(path: &str) -> Option<Value> {
 pub fn document(model: &str) -> Value {
     let mut paths = Map::new();
     for (method, path, summary) in ROUTES {
+        let schema = if *method == "POST" {
+            request_schema(path)
+        } else {
+            None
+        };
         let mut op = json!({
             "summary": summary,
             "responses": {
@@ -70,11 +84,17 @@ pub fn document(model: &str) -> Value {
                 "401": {"description": "Missing or wrong API key"},
             },
         });
-        if let Some(schema) = request_schema(path) {
+        if let Some(schema) = schema {
             op["requestBody"] =
                 json!({"required": true, "content": {"application/json": {"schema": schema}}});
             op["responses"]["413"] = json!({"description": "Body too large"});
-            op["responses"]["503"] = json!({"description": "Queue full; retry after Retry-After"});
+            if *path != "/v1/adapters" {
+                op["responses"]["503"] =
+                    json!({"description": "Queue full; retry after Retry-After"});
+            }
+        }
+        if *method == "DELETE" {
+            op["responses"]["404"] = json!({"description": "Not mounted"});
         }
         if path.contains("{id}") {
             op["parameters"] = json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}]);

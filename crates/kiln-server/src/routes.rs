@@ -5,7 +5,7 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use serde_json::{Value, json};
 
 use crate::errors::{ApiError, Flavor};
@@ -43,6 +43,21 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
         "POST",
         "/v1/messages/count_tokens",
         "Anthropic token count of a messages request",
+    ),
+    (
+        "GET",
+        "/v1/adapters",
+        "Mounted LoRA adapters: {adapters:[{id,path,rank,scale,size_bytes,mounted_layers}]}",
+    ),
+    (
+        "POST",
+        "/v1/adapters",
+        "Mount a LoRA adapter folder: {id,path} -> {id,mounted_layers,rank,scale}",
+    ),
+    (
+        "DELETE",
+        "/v1/adapters/{id}",
+        "Unmount a LoRA adapter (requests running with it finish): {id,removed_layers}",
     ),
     (
         "GET",
@@ -108,6 +123,11 @@ pub fn router_with(
             "/v1/messages/count_tokens",
             post(anthropic::messages::count_tokens),
         )
+        .route(
+            "/v1/adapters",
+            get(crate::adapters::list).post(crate::adapters::mount),
+        )
+        .route("/v1/adapters/{id}", delete(crate::adapters::unmount))
         .route("/stats", get(stats::stats))
         .route("/metrics", get(stats::metrics))
         .route("/openapi.json", get(openapi::spec))

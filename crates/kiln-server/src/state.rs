@@ -98,6 +98,8 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// Connection timeouts and cap.
     pub limits: crate::listen::ConnectionLimits,
+    /// The mounted LoRA adapters (`--adapter`, `/v1/adapters`); `None`: none can be mounted.
+    pub adapters: Option<Arc<kiln_engine::AdapterRegistry>>,
 }
 
 /// Shared handler state.

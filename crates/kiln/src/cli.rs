@@ -105,6 +105,10 @@ pub struct GenerateArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Generate with this LoRA adapter folder (PEFT or mlx-lm layout) beside the base weights;
+    /// repeat to stack adapters (their deltas add in order).
+    #[arg(long = "adapter", value_name = "PATH")]
+    pub adapters: Vec<std::path::PathBuf>,
     /// Print timing and memory to stderr.
     #[arg(long)]
     pub stats: bool,
@@ -150,6 +154,10 @@ pub struct BenchArgs {
     pub batch: Vec<usize>,
     #[command(flatten)]
     pub kv: crate::kv::KvArgs,
+    /// Run every forward with this LoRA adapter folder (PEFT or mlx-lm layout), beside the
+    /// base weights as `kiln serve --adapter` does.
+    #[arg(long, value_name = "PATH")]
+    pub adapter: Option<std::path::PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use kiln_model::arch::LogitsWanted;
 use kiln_model::backend::{Backend, BatchLayout, KvStore, SeqSpan};
+use kiln_model::lora::AdapterStack;
 use serde::Serialize;
 
 pub use budget::KvBudget;
@@ -55,11 +56,18 @@ pub(crate) struct Seq {
     permit: Option<Box<dyn Send>>,
     /// Whether it already had a slot once (then its reuse count is kept).
     started: bool,
+    /// The LoRA adapters it runs with, kept to its end (an unmount does not change them).
+    adapters: Option<Arc<AdapterStack>>,
 }
 
 impl Seq {
     fn remaining(&self) -> usize {
         self.dec.history.len() - self.computed
+    }
+
+    /// Where its prefixes may be reused: the adapters' namespace (`""`: the base model).
+    fn namespace(&self) -> &str {
+        self.adapters.as_deref().map_or("", AdapterStack::namespace)
     }
 }
 
@@ -162,6 +170,8 @@ impl<B: Backend> Engine<B> {
         req: &GenerateRequest,
         sink: Box<dyn SequenceSink>,
     ) -> Result<u64, EngineError> {
+        let adapters = req.adapters.clone().filter(|a| !a.is_empty());
+        self.check_adapters(adapters.as_deref())?;
         let dec = Decoding::new(&self.model, req, self.options.context_len)?;
         let s = &mut self.sched;
         s.next_id += 1;
@@ -173,6 +183,7 @@ impl<B: Backend> Engine<B> {
             computed: 0,
             permit: None,
             started: false,
+            adapters,
         });
         Ok(s.next_id)
     }
@@ -226,7 +237,18 @@ impl<B: Backend> Engine<B> {
             return Ok(StepReport::default());
         }
         let (tokens, layout) = self.layout_of(&plan);
-        let logits = match self.forward_spans(&tokens, &layout, LogitsWanted::LastOfEach) {
+        // Each span runs with its own sequence's adapters.
+        let stacks: Vec<Option<Arc<AdapterStack>>> = plan
+            .iter()
+            .map(|&(i, _)| self.sched.running[i].adapters.clone())
+            .collect();
+        let stacks: Vec<Option<&AdapterStack>> = stacks.iter().map(Option::as_deref).collect();
+        let stacks = if stacks.iter().all(Option::is_none) {
+            &[][..]
+        } else {
+            &stacks[..]
+        };
+        let logits = match self.forward_spans(&tokens, &layout, LogitsWanted::LastOfEach, stacks) {
             Ok(l) => l,
             Err(e) => {
                 self.fail_planned(&plan, &e.to_string());
@@ -247,17 +269,23 @@ impl<B: Backend> Engine<B> {
         Ok(report)
     }
 
-    /// One forward of `layout`, then the conversion of every layer due in each of its slots.
+    /// One forward of `layout` (span `i` with the adapters `adapters[i]`; an empty slice: the
+    /// base model for all), then the conversion of every layer due in each of its slots.
     pub(crate) fn forward_spans(
         &mut self,
         tokens: &[u32],
         layout: &BatchLayout,
         want: LogitsWanted,
+        adapters: &[Option<&AdapterStack>],
     ) -> Result<Vec<f32>, EngineError> {
-        let logits = self
-            .model
-            .model
-            .forward(&self.backend, &mut self.kv, tokens, layout, want)?;
+        let logits = self.model.model.forward_with(
+            &self.backend,
+            &mut self.kv,
+            tokens,
+            layout,
+            want,
+            adapters,
+        )?;
         for span in &layout.spans {
             self.kv.convert_due(span.slot)?;
             self.sched
@@ -292,9 +320,10 @@ impl<B: Backend> Engine<B> {
             seq.dec.cancel();
         }
         if let Some(slot) = seq.slot.take() {
+            let namespace = seq.namespace();
             self.sched
                 .slots
-                .park(slot, &seq.dec.history[..seq.computed]);
+                .park(slot, &seq.dec.history[..seq.computed], namespace);
         }
         let sink = &mut seq.sink;
         match seq.dec.finish(&mut |t| sink.text(t)) {
@@ -365,10 +394,12 @@ impl<B: Backend> Engine<B> {
     #[allow(clippy::result_large_err)]
     fn start(&mut self, mut seq: Seq) -> Result<(), Seq> {
         let reuse = self.sched.reuse_prefix;
-        let Some((slot, common)) = self.sched.slots.choose(&seq.dec.history, reuse) else {
+        let namespace = seq.namespace().to_string();
+        let Some((slot, common)) = self.sched.slots.choose(&seq.dec.history, &namespace, reuse)
+        else {
             return Err(seq);
         };
-        let common = self.restore_prefix(slot, &seq.dec.history, common);
+        let common = self.restore_prefix(slot, &seq.dec.history, &namespace, common);
         if common == 0 && self.sched.slots.holds_pages(slot) {
             // Nothing to reuse: the old occupant's pages go, and with them its bill.
             self.release_slot(slot);
@@ -409,22 +440,40 @@ impl<B: Backend> Engine<B> {
             .collect()
     }
 
-    /// The prefix of `prompt` slot `slot` holds after consulting the prompt cache: the slot's
-    /// kept contents are saved there before being overwritten, and a saved entry sharing more
-    /// of the prompt is copied in.
-    fn restore_prefix(&mut self, slot: usize, prompt: &[u32], common: usize) -> usize {
+    /// The prefix of `prompt` (run in `namespace`) slot `slot` holds after consulting the
+    /// prompt cache: the slot's kept contents are saved there before being overwritten, and a
+    /// saved entry of the namespace sharing more of the prompt is copied in.
+    fn restore_prefix(
+        &mut self,
+        slot: usize,
+        prompt: &[u32],
+        namespace: &str,
+        common: usize,
+    ) -> usize {
         if !self.sched.reuse_prefix {
             return 0;
         }
         let Some(cache) = self.prompt_cache.as_mut() else {
             return common;
         };
-        let mut tokens = std::mem::take(&mut self.sched.slots.slots[slot].tokens);
-        let got = cache.swap_in(&mut self.kv, slot, &mut tokens, prompt, common);
+        let s = &mut self.sched.slots.slots[slot];
+        let mut tokens = std::mem::take(&mut s.tokens);
+        let mut slot_namespace = std::mem::take(&mut s.namespace);
+        let got = cache.swap_in(
+            &mut self.kv,
+            slot,
+            &mut tokens,
+            &mut slot_namespace,
+            prompt,
+            namespace,
+            common,
+        );
         if got > 0 {
             self.sched.slots.wrote(slot, got);
         }
-        self.sched.slots.slots[slot].tokens = tokens;
+        let s = &mut self.sched.slots.slots[slot];
+        s.tokens = tokens;
+        s.namespace = slot_namespace;
         got
     }
 

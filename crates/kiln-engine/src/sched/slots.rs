@@ -1,12 +1,15 @@
 //! The KV slots: which sequence owns each, and what a free slot still holds, so a new
 //! request can start from the longest common prefix any free slot keeps (as llama.cpp's
-//! slots do).
+//! slots do). A slot's prefix is reused only by a request running the same adapters (its
+//! namespace, spec §11.1): keys and values computed under one adapter are another model's.
 
 /// One KV slot.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Slot {
     /// Tokens whose KV a free slot holds (empty while owned: the owner's history says).
     pub(crate) tokens: Vec<u32>,
+    /// The adapters `tokens` were computed with (`AdapterStack::namespace`, `""`: the base).
+    pub(crate) namespace: String,
     /// The sequence using it.
     pub(crate) owner: Option<u64>,
     /// Most positions written since the slot was last released: what its pages hold.
@@ -36,10 +39,16 @@ impl Slots {
         }
     }
 
-    /// The free slot for `prompt` and the prefix of it that slot already holds: the longest
-    /// usable common prefix (leaving one prompt token to compute; none when `reuse` is off),
-    /// else an empty slot, else the least recently used one.
-    pub(crate) fn choose(&self, prompt: &[u32], reuse: bool) -> Option<(usize, usize)> {
+    /// The free slot for `prompt` (run in `namespace`) and the prefix of it that slot already
+    /// holds: the longest usable common prefix among the slots of that namespace (leaving one
+    /// prompt token to compute; none when `reuse` is off), else an empty slot, else the least
+    /// recently used one.
+    pub(crate) fn choose(
+        &self,
+        prompt: &[u32],
+        namespace: &str,
+        reuse: bool,
+    ) -> Option<(usize, usize)> {
         let limit = prompt.len().saturating_sub(1);
         let free = || {
             self.slots
@@ -49,6 +58,7 @@ impl Slots {
         };
         if reuse {
             let best = free()
+                .filter(|(_, s)| s.namespace == namespace)
                 .map(|(i, s)| (i, common_prefix(&s.tokens, prompt).min(limit)))
                 .max_by_key(|&(i, p)| (p, std::cmp::Reverse(i)));
             if let Some((i, p)) = best.filter(|&(_, p)| p > 0) {
@@ -67,12 +77,13 @@ impl Slots {
         s.tokens.clear();
     }
 
-    /// Frees `slot`, which keeps the KV of `tokens`.
-    pub(crate) fn park(&mut self, slot: usize, tokens: &[u32]) {
+    /// Frees `slot`, which keeps the KV of `tokens`, computed in `namespace`.
+    pub(crate) fn park(&mut self, slot: usize, tokens: &[u32], namespace: &str) {
         self.clock += 1;
         let s = &mut self.slots[slot];
         s.owner = None;
         s.tokens = tokens.to_vec();
+        s.namespace = namespace.to_string();
         s.last_used = self.clock;
     }
 
@@ -88,6 +99,7 @@ impl Slots {
         let s = &mut self.slots[slot];
         s.owner = None;
         s.tokens.clear();
+        s.namespace.clear();
         if pages_freed {
             s.high_water = 0;
         }
@@ -127,23 +139,42 @@ mod tests {
         let mut s = Slots::new(3);
         s.claim(0, 1);
         s.wrote(0, 4);
-        s.park(0, &[1, 2, 3, 4]);
+        s.park(0, &[1, 2, 3, 4], "");
         s.claim(1, 2);
         s.wrote(1, 3);
-        s.park(1, &[1, 2, 9]);
-        assert_eq!(s.choose(&[1, 2, 3, 4, 5], true), Some((0, 4)));
+        s.park(1, &[1, 2, 9], "");
+        assert_eq!(s.choose(&[1, 2, 3, 4, 5], "", true), Some((0, 4)));
         // At least one prompt token is left to compute.
-        assert_eq!(s.choose(&[1, 2, 3, 4], true), Some((0, 3)));
-        assert_eq!(s.choose(&[1, 2, 9, 9], true), Some((1, 3)));
+        assert_eq!(s.choose(&[1, 2, 3, 4], "", true), Some((0, 3)));
+        assert_eq!(s.choose(&[1, 2, 9, 9], "", true), Some((1, 3)));
         // Nothing shared: the empty slot, not one holding someone's prefix.
-        assert_eq!(s.choose(&[7, 7], true), Some((2, 0)));
-        assert_eq!(s.choose(&[1, 2, 3, 4, 5], false), Some((2, 0)));
+        assert_eq!(s.choose(&[7, 7], "", true), Some((2, 0)));
+        assert_eq!(s.choose(&[1, 2, 3, 4, 5], "", false), Some((2, 0)));
         s.claim(2, 3);
         // No empty slot: the least recently used.
-        assert_eq!(s.choose(&[7, 7], true), Some((0, 0)));
+        assert_eq!(s.choose(&[7, 7], "", true), Some((0, 0)));
         s.claim(0, 4);
         s.claim(1, 5);
-        assert_eq!(s.choose(&[7, 7], true), None);
+        assert_eq!(s.choose(&[7, 7], "", true), None);
+    }
+
+    #[test]
+    fn a_prefix_is_reused_only_under_the_adapters_it_was_computed_with() {
+        let mut s = Slots::new(3);
+        s.claim(0, 1);
+        s.wrote(0, 4);
+        s.park(0, &[1, 2, 3, 4], "a#1");
+        s.claim(1, 2);
+        s.wrote(1, 2);
+        s.park(1, &[1, 2], "");
+        assert_eq!(s.choose(&[1, 2, 3, 4, 5], "a#1", true), Some((0, 4)));
+        // The base model reuses the base's shorter prefix, never the adapter's.
+        assert_eq!(s.choose(&[1, 2, 3, 4, 5], "", true), Some((1, 2)));
+        // Another adapter (or the same id mounted again) reuses neither: the empty slot.
+        assert_eq!(s.choose(&[1, 2, 3, 4, 5], "a#2", true), Some((2, 0)));
+        assert_eq!(s.choose(&[1, 2, 3, 4, 5], "a#1+b#3", true), Some((2, 0)));
+        s.released(0, true);
+        assert_eq!(s.slots[0].namespace, "");
     }
 
     #[test]
@@ -152,7 +183,7 @@ mod tests {
         for (slot, owner) in [(2, 1), (0, 2)] {
             s.claim(slot, owner);
             s.wrote(slot, 8);
-            s.park(slot, &[5; 8]);
+            s.park(slot, &[5; 8], "");
         }
         assert_eq!(s.least_recent_parked(None), Some(2));
         assert_eq!(s.least_recent_parked(Some(2)), Some(0));

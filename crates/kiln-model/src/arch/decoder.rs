@@ -3,6 +3,7 @@
 use crate::ModelError;
 use crate::backend::{AttentionParams, Backend, BatchLayout, RopeAngles};
 use crate::config::{LayerAttention, ModelConfig};
+use crate::lora::AdapterStack;
 use crate::weights::{TensorSource, optional, require};
 
 /// Attention projections of one layer.
@@ -157,6 +158,53 @@ pub(crate) struct ForwardCtx<'a> {
     pub batch: &'a BatchLayout,
     pub rope_global: &'a RopeAngles,
     pub rope_local: &'a RopeAngles,
+    /// Runs of activation rows and the adapters they run with (rows without adapters are not
+    /// listed; neighbouring spans with the same stack are one run).
+    pub adapters: &'a [(std::ops::Range<usize>, &'a AdapterStack)],
+}
+
+/// Indices into [`super::LAYER_MATRICES`].
+const Q: usize = 0;
+const K: usize = 1;
+const V: usize = 2;
+const O: usize = 3;
+const GATE: usize = 4;
+const UP: usize = 5;
+const DOWN: usize = 6;
+
+/// Adds the LoRA deltas of projection `matrix` of layer `layer` to its output `y` (input `x`):
+/// for each run of rows, every adapter of its stack that adapts this projection, in order.
+fn lora<B: Backend>(
+    b: &B,
+    ctx: &ForwardCtx<'_>,
+    layer: usize,
+    matrix: usize,
+    x: &B::Act,
+    y: &mut B::Act,
+) -> Result<(), ModelError> {
+    lora_each(b, ctx, layer, [matrix], x, [y])
+}
+
+/// [`lora`] for several projections of the same input (Q/K/V, gate/up), which the backend may
+/// run as one step.
+fn lora_each<B: Backend, const M: usize>(
+    b: &B,
+    ctx: &ForwardCtx<'_>,
+    layer: usize,
+    matrices: [usize; M],
+    x: &B::Act,
+    mut ys: [&mut B::Act; M],
+) -> Result<(), ModelError> {
+    for (rows, stack) in ctx.adapters {
+        for adapter in stack.adapters() {
+            let ws = matrices.map(|m| adapter.module(layer, m));
+            if ws.iter().all(Option::is_none) {
+                continue;
+            }
+            b.lora_add_each(ys.each_mut().map(|y| &mut **y), x, rows.clone(), ws)?;
+        }
+    }
+    Ok(())
 }
 
 /// Runs layer `index` on the residual stream `x` in place.
@@ -173,6 +221,7 @@ pub(crate) fn forward_layer<B: Backend>(
     let h = b.rms_norm(x, &layer.attn_norm, eps, off);
     let a = &layer.attn;
     let [mut q, mut k, mut v] = b.matmul_each(&h, [&a.q, &a.k, &a.v])?;
+    lora_each(b, ctx, index, [Q, K, V], &h, [&mut q, &mut k, &mut v])?;
     if let Some(bias) = &a.q_bias {
         b.add_bias(&mut q, bias);
     }
@@ -201,15 +250,18 @@ pub(crate) fn forward_layer<B: Backend>(
     };
     let attn = b.attention(kv, index, &q, &k, &v, ctx.batch, &params)?;
     let mut o = b.matmul(&attn, &a.o)?;
+    lora(b, ctx, index, O, &attn, &mut o)?;
     if let Some(n) = &layer.post_attn_norm {
         o = b.rms_norm(&o, n, eps, off);
     }
     b.add_assign(x, &o);
 
     let h = b.rms_norm(x, &layer.mlp_norm, eps, off);
-    let [gate, up] = b.matmul_each(&h, [&layer.mlp.gate, &layer.mlp.up])?;
+    let [mut gate, mut up] = b.matmul_each(&h, [&layer.mlp.gate, &layer.mlp.up])?;
+    lora_each(b, ctx, index, [GATE, UP], &h, [&mut gate, &mut up])?;
     let act = b.glu(&gate, &up, cfg.activation);
     let mut down = b.matmul(&act, &layer.mlp.down)?;
+    lora(b, ctx, index, DOWN, &act, &mut down)?;
     if let Some(n) = &layer.post_mlp_norm {
         down = b.rms_norm(&down, n, eps, off);
     }

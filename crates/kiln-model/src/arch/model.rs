@@ -6,6 +6,7 @@ use super::{gemma3, llama, qwen2, qwen3};
 use crate::ModelError;
 use crate::backend::{Backend, BatchLayout, KvStore, RopeAngles};
 use crate::config::{Architecture, ModelConfig};
+use crate::lora::AdapterStack;
 use crate::weights::{TensorSource, optional};
 
 /// The projections of every decoder layer, as module paths under `model.layers.N`.
@@ -157,7 +158,24 @@ impl<B: Backend> Model<B> {
         batch: &BatchLayout,
         want: LogitsWanted,
     ) -> Result<Vec<f32>, ModelError> {
-        self.run(b, kv, tokens, batch, want, Resume::default())
+        self.run(b, kv, tokens, batch, want, Resume::default(), &[])
+    }
+
+    /// [`Model::forward`] with LoRA adapters: `adapters[i]` is the stack span `i` of `batch`
+    /// runs with (`None` or an empty stack: the base model), so sequences with different
+    /// adapters share one forward and each gets its own deltas. Each adapted projection adds
+    /// `s·(x·A)·B` beside the base weight ([`Backend::lora_add`]); an empty slice is the base
+    /// for every span.
+    pub fn forward_with(
+        &self,
+        b: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        batch: &BatchLayout,
+        want: LogitsWanted,
+        adapters: &[Option<&AdapterStack>],
+    ) -> Result<Vec<f32>, ModelError> {
+        self.run(b, kv, tokens, batch, want, Resume::default(), adapters)
     }
 
     /// A teacher-forced forward (every position's logits) that starts at layer `resume.from`
@@ -183,9 +201,51 @@ impl<B: Backend> Model<B> {
                 self.layers.len()
             )));
         }
-        self.run(b, kv, tokens, batch, LogitsWanted::All, resume)
+        self.run(b, kv, tokens, batch, LogitsWanted::All, resume, &[])
     }
 
+    /// Row runs of `batch` with their adapters: spans without one are left out, neighbouring
+    /// spans running the same stack are merged.
+    fn adapter_runs<'s>(
+        &self,
+        batch: &BatchLayout,
+        adapters: &[Option<&'s AdapterStack>],
+    ) -> Result<Vec<(std::ops::Range<usize>, &'s AdapterStack)>, ModelError> {
+        if adapters.is_empty() {
+            return Ok(Vec::new());
+        }
+        if adapters.len() != batch.spans.len() {
+            return Err(ModelError::Forward(format!(
+                "{} adapter stacks given for {} spans",
+                adapters.len(),
+                batch.spans.len()
+            )));
+        }
+        let mut runs: Vec<(std::ops::Range<usize>, &AdapterStack)> = Vec::new();
+        let mut row = 0;
+        for (span, stack) in batch.spans.iter().zip(adapters) {
+            let rows = row..row + span.n_tokens;
+            row = rows.end;
+            let Some(stack) = stack.filter(|s| !s.is_empty()) else {
+                continue;
+            };
+            if !stack.fits(&self.config) {
+                return Err(ModelError::Forward(format!(
+                    "adapter {} does not fit this model",
+                    stack.key()
+                )));
+            }
+            match runs.last_mut() {
+                Some((last, prev)) if last.end == rows.start && prev.same_as(stack) => {
+                    last.end = rows.end;
+                }
+                _ => runs.push((rows, stack)),
+            }
+        }
+        Ok(runs)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         b: &B,
@@ -194,8 +254,10 @@ impl<B: Backend> Model<B> {
         batch: &BatchLayout,
         want: LogitsWanted,
         mut resume: Resume<'_, B>,
+        adapters: &[Option<&AdapterStack>],
     ) -> Result<Vec<f32>, ModelError> {
         self.check_batch(kv, tokens, batch)?;
+        let adapter_runs = self.adapter_runs(batch, adapters)?;
         for s in &batch.spans {
             kv.set_seq_len(s.slot, s.start_pos);
         }
@@ -210,6 +272,7 @@ impl<B: Backend> Model<B> {
             batch,
             rope_global: &rope_global,
             rope_local,
+            adapters: &adapter_runs,
         };
         let mut x = match resume.input {
             Some(input) => input.clone(),

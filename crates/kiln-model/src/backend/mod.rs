@@ -15,6 +15,7 @@ pub use kv_plan::{DenseKv, KvLayerState, KvPlan, KvQuantFormat};
 
 use crate::ModelError;
 use crate::config::Activation;
+use crate::lora::LoraModule;
 
 /// One sequence's run of tokens in a forward batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,6 +257,39 @@ pub(crate) fn matmul_separately<B: Backend + ?Sized, const M: usize>(
         .map_err(|_| ModelError::Forward("matmul_each: output count".into()))
 }
 
+/// Checks the shapes of a [`Backend::lora_add`] on host activations: `x` `[tokens, in]`, `y`
+/// `[tokens, out]` with the module's widths, `rows` inside both, A and B of their sizes.
+pub(crate) fn check_lora(
+    y: &HostAct,
+    x: &HostAct,
+    rows: &std::ops::Range<usize>,
+    w: &LoraModule<'_>,
+) -> Result<(), ModelError> {
+    let ok = x.cols == w.in_features
+        && y.cols == w.out_features
+        && x.rows == y.rows
+        && rows.start <= rows.end
+        && rows.end <= x.rows
+        && w.a.len() == w.in_features * w.rank
+        && w.b.len() == w.rank * w.out_features;
+    if ok {
+        return Ok(());
+    }
+    Err(ModelError::Forward(format!(
+        "LoRA delta: a module of in={} rank={} out={} (A {} values, B {}) does not fit input \
+         [{}, {}], output [{}, {}], rows {rows:?}",
+        w.in_features,
+        w.rank,
+        w.out_features,
+        w.a.len(),
+        w.b.len(),
+        x.rows,
+        x.cols,
+        y.rows,
+        y.cols
+    )))
+}
+
 /// The operation set. Activations are row-major `[tokens, width]`.
 pub trait Backend: Send + Sync {
     /// A weight matrix `[rows = out features, cols = in features]`, possibly quantized.
@@ -339,6 +373,40 @@ pub trait Backend: Send + Sync {
         ws: [&Self::Matrix; M],
     ) -> Result<[Self::Act; M], ModelError> {
         matmul_separately(self, x, ws)
+    }
+    /// One LoRA module's delta for one run of rows, beside the base matmul that made `y` (the
+    /// weight is never merged): `y[rows] += s·(x[rows]·A)·B`, with `x` the matmul's input
+    /// `[tokens, in]`, `y` its output `[tokens, out]`, A `[in, r]`, B `[r, out]` and s from `w`
+    /// (spec §8.4). The default refuses: a backend serves adapters only when it says how.
+    fn lora_add(
+        &self,
+        y: &mut Self::Act,
+        x: &Self::Act,
+        rows: std::ops::Range<usize>,
+        w: &LoraModule<'_>,
+    ) -> Result<(), ModelError> {
+        let _ = (y, x, rows, w);
+        Err(ModelError::Forward(format!(
+            "adapters are not supported by the {} backend",
+            self.name()
+        )))
+    }
+    /// [`Backend::lora_add`] for several matmuls of one input (Q/K/V, gate/up): for each `i`
+    /// with a module, `ys[i][rows] += s_i·(x[rows]·A_i)·B_i`. Equal to `lora_add` of each; a
+    /// backend may run them as one step.
+    fn lora_add_each<const M: usize>(
+        &self,
+        ys: [&mut Self::Act; M],
+        x: &Self::Act,
+        rows: std::ops::Range<usize>,
+        ws: [Option<LoraModule<'_>>; M],
+    ) -> Result<(), ModelError> {
+        for (y, w) in ys.into_iter().zip(ws) {
+            if let Some(w) = w {
+                self.lora_add(y, x, rows.clone(), &w)?;
+            }
+        }
+        Ok(())
     }
     /// Adds a bias to every row.
     fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector);

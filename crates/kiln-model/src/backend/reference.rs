@@ -10,6 +10,7 @@ use super::{
 };
 use crate::ModelError;
 use crate::config::Activation;
+use crate::lora::LoraModule;
 
 /// The naive backend.
 #[derive(Debug, Default)]
@@ -155,6 +156,33 @@ impl Backend for ReferenceBackend {
             }
         }
         Ok(out)
+    }
+
+    fn lora_add(
+        &self,
+        y: &mut HostAct,
+        x: &HostAct,
+        rows: std::ops::Range<usize>,
+        w: &LoraModule<'_>,
+    ) -> Result<(), ModelError> {
+        super::check_lora(y, x, &rows, w)?;
+        let (n_in, r, n_out) = (w.in_features, w.rank, w.out_features);
+        for t in rows {
+            let mut xa = vec![0f64; r];
+            for j in 0..r {
+                for i in 0..n_in {
+                    xa[j] += x.data[t * n_in + i] as f64 * w.a[i * r + j] as f64;
+                }
+            }
+            for o in 0..n_out {
+                let mut d = 0f64;
+                for j in 0..r {
+                    d += xa[j] * w.b[j * n_out + o] as f64;
+                }
+                y.data[t * n_out + o] += (w.scale as f64 * d) as f32;
+            }
+        }
+        Ok(())
     }
 
     fn add_bias(&self, x: &mut HostAct, b: &Vec<f32>) {

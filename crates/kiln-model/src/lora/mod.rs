@@ -10,6 +10,7 @@
 mod config;
 mod mlx;
 mod peft;
+mod served;
 mod tensors;
 #[cfg(test)]
 mod tests;
@@ -22,6 +23,10 @@ use serde::{Deserialize, Serialize};
 use crate::ModelError;
 use crate::arch::LAYER_MATRICES;
 use crate::config::ModelConfig;
+
+pub use served::{
+    AdapterStack, LoraModule, NO_ADAPTER, STACK_SEPARATOR, ServedAdapter, check_adapter_id,
+};
 
 /// PEFT's weights file (A `[r, in]`, B `[out, r]`).
 pub const PEFT_WEIGHTS_FILE: &str = "adapter_model.safetensors";

@@ -23,6 +23,8 @@ pub struct MessagesRequest {
     pub tools: Option<Value>,
     /// `{type:"none"}` disables tools.
     pub tool_choice: Option<Value>,
+    /// LoRA adapter (a kiln extension): a mounted id, `"a+b"` to stack, `"none"` for the base.
+    pub adapter: Option<Value>,
     /// Sampling.
     #[serde(skip)]
     pub sampling: SamplingFields,

@@ -66,6 +66,8 @@ pub async fn handler(
         // Anthropic's API answers exactly this; its SDKs make the field mandatory too.
         return Err(ApiError::bad_request("max_tokens: Field required").flavor(f));
     };
+    let adapters =
+        crate::adapters::resolve(&state, req.adapter.as_ref()).map_err(|e| e.flavor(f))?;
     let st = state.clone();
     let (req, (prompt, tools_active)) = blocking(f, move || {
         let p = prompt_of(&st, &req).map_err(|e| e.flavor(f))?;
@@ -91,6 +93,7 @@ pub async fn handler(
             sampling,
             stop: stop.clone(),
             ignore_eos: false,
+            adapters,
         },
         f,
     )?;

@@ -53,6 +53,8 @@ pub struct ChatRequest {
     pub reasoning_effort: Option<String>,
     /// Choices to generate (only 1).
     pub n: Option<u64>,
+    /// LoRA adapter: a mounted id, `"a+b"` to stack, `"none"` for the base model.
+    pub adapter: Option<Value>,
     /// Sampling.
     #[serde(skip)]
     pub sampling: SamplingFields,
@@ -109,6 +111,7 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("n must be 1"));
     }
+    let adapters = crate::adapters::resolve(state, req.adapter.as_ref())?;
     let messages = normalize_messages(&req.messages)?;
     let tools = match &req.tools {
         Some(t) if !t.is_null() => validate_tools(t)?,
@@ -152,6 +155,7 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
             sampling,
             stop,
             ignore_eos: req.ignore_eos.unwrap_or(false),
+            adapters,
         },
         tools_active,
         logprobs,

@@ -40,6 +40,8 @@ pub struct CompletionRequest {
     pub ignore_eos: Option<bool>,
     /// Choices to generate (only 1).
     pub n: Option<u64>,
+    /// LoRA adapter: a mounted id, `"a+b"` to stack, `"none"` for the base model.
+    pub adapter: Option<Value>,
     /// Sampling.
     #[serde(skip)]
     pub sampling: SamplingFields,
@@ -87,6 +89,7 @@ pub async fn handler(
     let sampling = req
         .sampling
         .resolve(&state, top.is_some(), top.unwrap_or(0), true)?;
+    let adapters = crate::adapters::resolve(&state, req.adapter.as_ref())?;
     let (st, text) = (state.clone(), prompt.clone());
     let ids = blocking(Flavor::OpenAi, move || {
         st.info
@@ -110,6 +113,7 @@ pub async fn handler(
             sampling,
             stop,
             ignore_eos: req.ignore_eos.unwrap_or(false),
+            adapters,
         },
         Flavor::OpenAi,
     )?;

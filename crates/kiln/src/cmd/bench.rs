@@ -57,6 +57,28 @@ pub fn run(args: BenchArgs) -> Result<()> {
             o.slots = slots;
             Ok(())
         })?;
+        let stack = match &args.adapter {
+            Some(path) => {
+                let id = path
+                    .file_name()
+                    .map(|n| {
+                        n.to_string_lossy().replace(
+                            |c: char| {
+                                !c.is_ascii_alphanumeric() && c != '-' && c != '_' && c != '.'
+                            },
+                            "_",
+                        )
+                    })
+                    .filter(|n| kiln_model::lora::check_adapter_id(n).is_ok())
+                    .unwrap_or_else(|| "adapter".into());
+                let a = kiln_model::lora::ServedAdapter::load(&id, path, &engine.model().config)
+                    .map_err(|e| anyhow::anyhow!("--adapter {}: {e}", path.display()))?;
+                Some(kiln_model::lora::AdapterStack::new(vec![
+                    std::sync::Arc::new(a),
+                ]))
+            }
+            None => None,
+        };
         let mut results: Vec<BenchResult> = Vec::new();
         for (i, &batch) in batches.iter().enumerate() {
             // The prefill test runs once, with the first batch size.
@@ -65,12 +87,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 prompt_tokens: if i == 0 { cfg.prompt_tokens } else { 0 },
                 ..cfg
             };
-            results.extend(engine.bench(&c)?);
+            results.extend(engine.bench_with(&c, stack.as_ref())?);
         }
         let backend = if args.dense { "cpu-dense" } else { "cpu" };
         let kv_scheme = engine.options().kv_scheme.cache_key();
+        let model = match &stack {
+            Some(s) => format!("{} + {}", args.model, s.key()),
+            None => args.model.clone(),
+        };
         rows.extend(results.into_iter().map(|result| Row {
-            model: args.model.clone(),
+            model: model.clone(),
             backend,
             kv_scheme: kv_scheme.clone(),
             threads: t,

@@ -12,6 +12,30 @@ use serde_json::json;
 use crate::cli::GenerateArgs;
 use crate::common::{load_engine, set_threads};
 
+/// The `--adapter` folders as one stack (`None` without any), each checked against the model.
+fn load_adapters<B: Backend>(
+    engine: &Engine<B>,
+    paths: &[std::path::PathBuf],
+) -> Result<Option<std::sync::Arc<kiln_model::lora::AdapterStack>>> {
+    if paths.is_empty() {
+        return Ok(None);
+    }
+    let cfg = &engine.model().config;
+    let adapters = paths
+        .iter()
+        .enumerate()
+        .map(|(i, path)| {
+            let id = format!("adapter{i}");
+            kiln_model::lora::ServedAdapter::load(&id, path, cfg)
+                .map(std::sync::Arc::new)
+                .with_context(|| format!("--adapter {}", path.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(std::sync::Arc::new(
+        kiln_model::lora::AdapterStack::new(adapters),
+    )))
+}
+
 /// Spec §3.1's last-resort temperature when neither the request nor the model sets one.
 const FALLBACK_TEMPERATURE: f32 = 0.7;
 
@@ -24,12 +48,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         // peaks on its own (`kiln fit`'s load peak).
         kiln_engine::stats::reset_peak_rss();
         let prompt = build_prompt(&engine, &args)?;
+        let adapters = load_adapters(&engine, &args.adapters)?;
         let request = GenerateRequest {
             prompt,
             max_tokens: args.max_tokens,
             sampling: sampling(&engine, &args),
             stop: args.stop.clone(),
             ignore_eos: args.ignore_eos,
+            adapters,
         };
         let stdout = std::io::stdout();
         let streaming = !args.json;

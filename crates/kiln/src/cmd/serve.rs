@@ -78,6 +78,16 @@ pub struct ServeArgs {
     /// Connections served at once; a connection beyond them is answered 503 and closed.
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
+    /// Mount a LoRA adapter folder at start, as NAME (or, given a bare PATH, as the folder's
+    /// name); repeatable. Requests pick one with their `adapter` field; the first given is the
+    /// default of requests that name none (see --default-adapter). A folder that does not load
+    /// or fit the model stops the server from starting.
+    #[arg(long = "adapter", value_name = "NAME=PATH", value_parser = parse_adapter_arg)]
+    pub adapters: Vec<(String, std::path::PathBuf)>,
+    /// The adapter requests without an `adapter` field run with: an id, several joined with
+    /// `+`, or `none` for the base model. Default: the first --adapter, else none.
+    #[arg(long, value_name = "ID|none")]
+    pub default_adapter: Option<String>,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 }
@@ -191,6 +201,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         cors_origin: args.cors_origin.clone(),
         body_limit: kiln_server::DEFAULT_BODY_LIMIT,
         limits,
+        adapters: None,
+    };
+    let registry = mount_adapters(&args, &engine.model().config)?;
+    let config = ServerConfig {
+        adapters: Some(registry),
+        ..config
     };
     let reuse_prefix = args.prompt_cache_bytes > 0;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -237,6 +253,64 @@ pub fn run(args: ServeArgs) -> Result<()> {
         eprintln!("kiln: stopped");
         Ok(())
     })
+}
+
+/// `--adapter`'s value: `NAME=PATH`, or a bare `PATH` named by its last component.
+fn parse_adapter_arg(v: &str) -> std::result::Result<(String, std::path::PathBuf), String> {
+    let (name, path) = match v.split_once('=') {
+        Some((name, path)) => (name.to_string(), path),
+        None => {
+            let p = std::path::Path::new(v.trim_end_matches('/'));
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .ok_or_else(|| format!("{v:?} has no folder name; write NAME=PATH"))?;
+            (name, v)
+        }
+    };
+    if path.is_empty() {
+        return Err(format!("no path after {name}= (expected NAME=PATH)"));
+    }
+    kiln_model::lora::check_adapter_id(&name).map_err(|e| format!("{e} (expected NAME=PATH)"))?;
+    Ok((name, kiln_engine::adapters::expand_path(path)))
+}
+
+/// The adapter registry of the served model with every `--adapter` mounted (a failure names
+/// the flag) and the default of `--default-adapter` (else the first `--adapter`).
+fn mount_adapters(
+    args: &ServeArgs,
+    cfg: &kiln_model::config::ModelConfig,
+) -> Result<Arc<kiln_engine::AdapterRegistry>> {
+    let registry = Arc::new(kiln_engine::AdapterRegistry::new(cfg.clone()));
+    for (i, (id, path)) in args.adapters.iter().enumerate() {
+        if args.adapters[..i].iter().any(|(other, _)| other == id) {
+            bail!("--adapter {id}: the name is given twice");
+        }
+        let a = registry
+            .mount(id, path)
+            .map_err(|e| anyhow::anyhow!("--adapter {id}={}: {e}", path.display()))?;
+        eprintln!(
+            "kiln: adapter {id} mounted from {} ({} modules, rank {}, {:.1} MB)",
+            path.display(),
+            a.mounted_layers(),
+            a.info().rank,
+            a.size_bytes() as f64 / 1e6
+        );
+    }
+    let default = match (&args.default_adapter, args.adapters.first()) {
+        (Some(spec), _) => Some(spec.clone()),
+        (None, Some((id, _))) => Some(id.clone()),
+        (None, None) => None,
+    };
+    if let Some(spec) = default {
+        registry
+            .set_default(&spec)
+            .map_err(|e| anyhow::anyhow!("--default-adapter {spec}: {e}"))?;
+        if spec != kiln_model::lora::NO_ADAPTER {
+            eprintln!("kiln: requests without `adapter` run with {spec}");
+        }
+    }
+    Ok(registry)
 }
 
 /// `--batch-tokens`' default: prefill runs as fast per token in forwards of 64 to 512 tokens,

@@ -5,6 +5,7 @@ mod elementwise;
 mod kv;
 mod kv_buf;
 mod kv_cell;
+mod lora;
 pub mod memory;
 
 use std::sync::Mutex;
@@ -25,6 +26,7 @@ use super::{
 };
 use crate::ModelError;
 use crate::config::Activation;
+use crate::lora::LoraModule;
 
 /// How the CPU backend keeps weights.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -329,6 +331,49 @@ impl Backend for CpuBackend {
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         matmul_repacked_many(ms, &x.data, x.rows, bufs, &mut scratch)?;
         Ok(outs)
+    }
+
+    fn lora_add(
+        &self,
+        y: &mut HostAct,
+        x: &HostAct,
+        rows: std::ops::Range<usize>,
+        w: &LoraModule<'_>,
+    ) -> Result<(), ModelError> {
+        let _timer = Timer::new(&self.matmul_ns);
+        super::check_lora(y, x, &rows, w)?;
+        let (n_in, n_out) = (w.in_features, w.out_features);
+        lora::add_delta(
+            &x.data[rows.start * n_in..rows.end * n_in],
+            &mut y.data[rows.start * n_out..rows.end * n_out],
+            w,
+        );
+        Ok(())
+    }
+
+    fn lora_add_each<const M: usize>(
+        &self,
+        ys: [&mut HostAct; M],
+        x: &HostAct,
+        rows: std::ops::Range<usize>,
+        ws: [Option<LoraModule<'_>>; M],
+    ) -> Result<(), ModelError> {
+        let _timer = Timer::new(&self.matmul_ns);
+        let mut jobs = Vec::with_capacity(M);
+        for (y, w) in ys.into_iter().zip(ws) {
+            if let Some(w) = w {
+                super::check_lora(y, x, &rows, &w)?;
+                let (n_in, n_out) = (w.in_features, w.out_features);
+                let y = &mut y.data[rows.start * n_out..rows.end * n_out];
+                jobs.push((
+                    Mutex::new(y),
+                    w,
+                    &x.data[rows.start * n_in..rows.end * n_in],
+                ));
+            }
+        }
+        lora::add_deltas(&jobs);
+        Ok(())
     }
 
     fn add_bias(&self, x: &mut HostAct, b: &Vec<f32>) {

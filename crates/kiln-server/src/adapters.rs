@@ -1,0 +1,166 @@
+//! LoRA adapters over HTTP (spec §3.7): `GET /v1/adapters` lists the mounted ones,
+//! `POST /v1/adapters {id, path}` mounts a folder (checked whole against the served model),
+//! `DELETE /v1/adapters/{id}` unmounts; and the per-request `adapter` field of the generation
+//! endpoints is resolved here. The registry itself lives in the engine crate
+//! ([`kiln_engine::AdapterRegistry`]); requests in flight hold what they resolved, so an
+//! unmount never cuts one short.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use kiln_engine::adapters::expand_path;
+use kiln_engine::{AdapterError, AdapterRegistry};
+use kiln_model::lora::{AdapterStack, ServedAdapter};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::body::parse_json;
+use crate::errors::{ApiError, Flavor};
+use crate::state::{AppState, SharedState};
+
+/// What `GET /v1/adapters` says about one adapter.
+pub fn entry(a: &ServedAdapter) -> Value {
+    json!({
+        "id": a.id(),
+        "path": a.path().display().to_string(),
+        "rank": a.info().rank,
+        "scale": a.info().scale,
+        "size_bytes": a.size_bytes(),
+        "mounted_layers": a.mounted_layers(),
+        "base_model": a.base_model(),
+    })
+}
+
+fn registry(state: &AppState) -> Option<&Arc<AdapterRegistry>> {
+    state.config.adapters.as_ref()
+}
+
+/// `GET /v1/adapters`: `{adapters:[{id,path,rank,scale,size_bytes,mounted_layers}], default}`.
+pub async fn list(State(state): State<SharedState>) -> Json<Value> {
+    Json(section(&state))
+}
+
+/// The list, also `/stats` → `adapters`.
+pub fn section(state: &AppState) -> Value {
+    let (adapters, default) = match registry(state) {
+        Some(r) => (
+            r.list().iter().map(|a| entry(a)).collect::<Vec<_>>(),
+            r.default_spec(),
+        ),
+        None => (Vec::new(), kiln_model::lora::NO_ADAPTER.to_string()),
+    };
+    json!({"adapters": adapters, "default": default})
+}
+
+/// `POST /v1/adapters`'s body.
+#[derive(Debug, Deserialize)]
+struct MountRequest {
+    id: Option<String>,
+    path: Option<String>,
+}
+
+/// `POST /v1/adapters {id, path}` → `{id, mounted_layers, rank, scale}`; 400 for a missing id
+/// or path, a bad id, a folder that does not hold an adapter, a module that does not fit the
+/// served model, or an id already mounted, each saying which.
+pub async fn mount(
+    State(state): State<SharedState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let req: MountRequest = parse_json(body, Flavor::OpenAi)?;
+    let id = req
+        .id
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| ApiError::bad_request("id is required: the name requests will use"))?;
+    let path = req
+        .path
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| ApiError::bad_request("path is required: the adapter's folder"))?;
+    let Some(reg) = registry(&state).cloned() else {
+        return Err(ApiError::bad_request(
+            "this server cannot mount adapters (it was started without an adapter registry)",
+        ));
+    };
+    // Reading the folder can take a while: off the async workers.
+    let mounted = tokio::task::spawn_blocking(move || reg.mount(&id, &expand_path(&path)))
+        .await
+        .map_err(|e| ApiError::internal(format!("mounting failed: {e}")))?
+        .map_err(|e| ApiError::bad_request(e.to_string()).with_code(code(&e)))?;
+    Ok(Json(json!({
+        "id": mounted.id(),
+        "mounted_layers": mounted.mounted_layers(),
+        "rank": mounted.info().rank,
+        "scale": mounted.info().scale,
+    })))
+}
+
+/// `DELETE /v1/adapters/{id}` → `{id, removed_layers}`, or 404 `adapter <id> not mounted`.
+/// Requests already running with it finish with it.
+pub async fn unmount(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let removed = match registry(&state) {
+        Some(r) => r.unmount(&id),
+        None => Err(AdapterError::NotMounted(id.clone())),
+    }
+    .map_err(|e| ApiError::not_found(e.to_string()).with_code("adapter_not_found"))?;
+    Ok(Json(json!({
+        "id": removed.id(),
+        "removed_layers": removed.mounted_layers(),
+    })))
+}
+
+fn code(e: &AdapterError) -> &'static str {
+    match e {
+        AdapterError::Invalid(_) => "invalid_adapter",
+        AdapterError::AlreadyMounted { .. } => "adapter_already_mounted",
+        AdapterError::NotMounted(_) => "adapter_not_found",
+    }
+}
+
+/// A generation request's `adapter` field: absent or null → the server's default, `"none"` →
+/// the base model, an id or `"a+b"` → those mounted adapters. Anything unknown is a 400 naming
+/// it (never ignored).
+pub fn resolve(
+    state: &AppState,
+    field: Option<&Value>,
+) -> Result<Option<Arc<AdapterStack>>, ApiError> {
+    let spec = match field {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.as_str()),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "adapter must be a string: a mounted adapter's id, several joined with '+', or \"none\"",
+            ));
+        }
+    };
+    let result = match registry(state) {
+        Some(r) => r.resolve(spec),
+        None => match spec {
+            None | Some(kiln_model::lora::NO_ADAPTER) => Ok(None),
+            Some(s) => Err(AdapterError::NotMounted(
+                s.split(kiln_model::lora::STACK_SEPARATOR)
+                    .next()
+                    .unwrap_or(s)
+                    .to_string(),
+            )),
+        },
+    };
+    result.map_err(|e| {
+        let msg = match &e {
+            AdapterError::NotMounted(id) => {
+                let mounted = registry(state).map(|r| r.ids()).unwrap_or_default();
+                if mounted.is_empty() {
+                    format!("adapter {id} not mounted (no adapter is mounted)")
+                } else {
+                    format!("adapter {id} not mounted (mounted: {})", mounted.join(", "))
+                }
+            }
+            other => other.to_string(),
+        };
+        ApiError::bad_request(msg).with_code(code(&e))
+    })
+}

@@ -1,0 +1,195 @@
+"""LoRA adapters on the real `kiln serve` (spec §3.7) through the official SDKs: `--adapter`,
+the per-request `adapter` field, mount/unmount over HTTP, and mount/unmount under load."""
+
+import os
+import subprocess
+import threading
+
+try:  # openai>=3 ships its HTTP client as httpx2
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover
+    import httpx
+import anthropic
+import openai
+import pytest
+
+from conftest import KILN, Server
+from lora_files import write_adapter
+
+MSGS = [{"role": "user", "content": "Name three kitchen tools."}]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapters")
+    return {
+        "a": write_adapter(str(root / "a"), seed=1),
+        "b": write_adapter(str(root / "b"), seed=2),
+        "c": write_adapter(str(root / "c"), seed=3, projections=["self_attn.q_proj", "mlp.down_proj"]),
+        "wide": write_adapter(str(root / "wide"), seed=4, projections=["self_attn.q_proj"],
+                              widen=(3, "self_attn.q_proj")),
+    }
+
+
+@pytest.fixture(scope="module")
+def served(folders):
+    # The first --adapter is the default of requests that name none.
+    s = Server("--adapter", f"a={folders['a']}", "--parallel", "4")
+    yield s
+    assert s.stop() == 0
+
+
+def client(s):
+    return openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+
+
+def chat(oai, adapter=None, max_tokens=20, **kw):
+    extra = {"ignore_eos": True}
+    if adapter is not None:
+        extra["adapter"] = adapter
+    r = oai.chat.completions.create(model="x", messages=MSGS, temperature=0, max_tokens=max_tokens,
+                                    extra_body=extra, **kw)
+    return r.choices[0].message.content
+
+
+def test_an_adapter_changes_the_greedy_answer_and_none_is_the_base(served):
+    oai = client(served)
+    with_a, base = chat(oai, "a"), chat(oai, "none")
+    assert with_a != base
+    assert chat(oai) == with_a, "--adapter's first entry is the default"
+    assert chat(oai, "a") == with_a and chat(oai, "none") == base, "greedy and cache-safe"
+
+    comp = lambda a: oai.completions.create(model="x", prompt="The sky is", temperature=0, max_tokens=12,
+                                            extra_body={"adapter": a}).choices[0].text
+    assert comp("a") != comp("none")
+
+    anth = anthropic.Anthropic(base_url=served.url, api_key="unused", max_retries=0)
+    # (this SDK version takes no temperature argument; the server reads the body's)
+    msg = lambda a: anth.messages.create(model="x", max_tokens=12, messages=MSGS,
+                                         extra_body={"adapter": a, "temperature": 0}).content[0].text
+    assert msg("a") != msg("none")
+
+
+def test_an_unknown_adapter_is_a_400_naming_it(served):
+    oai = client(served)
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(oai, "nope", max_tokens=4)
+    assert "adapter nope not mounted" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(oai, "a+nope", max_tokens=4)
+    assert "adapter nope not mounted" in str(e.value)
+    anth = anthropic.Anthropic(base_url=served.url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        anth.messages.create(model="x", max_tokens=4, messages=MSGS, extra_body={"adapter": "nope"})
+    assert "adapter nope not mounted" in str(e.value)
+
+
+def test_mount_list_unmount_round_trip(served, folders):
+    url = served.url
+    r = httpx.post(url + "/v1/adapters", json={"id": "b", "path": folders["b"]}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"id": "b", "mounted_layers": 210, "rank": 8, "scale": 2.0}
+    listed = {a["id"]: a for a in httpx.get(url + "/v1/adapters").json()["adapters"]}
+    assert set(listed) == {"a", "b"}
+    assert listed["b"]["path"] == folders["b"] and listed["b"]["mounted_layers"] == 210
+    assert listed["b"]["size_bytes"] == os.path.getsize(os.path.join(folders["b"], "adapters.safetensors")) - \
+        _header_bytes(os.path.join(folders["b"], "adapters.safetensors"))
+
+    oai = client(served)
+    with_b = chat(oai, "b")
+    assert with_b not in (chat(oai, "a"), chat(oai, "none"))
+    assert chat(oai, "a+b") not in (with_b, chat(oai, "a"))
+
+    for body, needle in [({"path": folders["b"]}, "id is required"),
+                         ({"id": "x"}, "path is required"),
+                         ({"id": "b", "path": folders["a"]}, "adapter b is already mounted"),
+                         ({"id": "x", "path": "/nonexistent/kiln"}, "is not a folder"),
+                         ({"id": "x", "path": folders["wide"]}, "model.layers.3.self_attn.q_proj")]:
+        r = httpx.post(url + "/v1/adapters", json=body, timeout=60)
+        assert r.status_code == 400, (body, r.text)
+        assert needle in r.json()["error"]["message"], (body, r.text)
+
+    r = httpx.delete(url + "/v1/adapters/b")
+    assert r.status_code == 200 and r.json() == {"id": "b", "removed_layers": 210}
+    r = httpx.delete(url + "/v1/adapters/b")
+    assert r.status_code == 404 and r.json()["error"]["message"] == "adapter b not mounted"
+    with pytest.raises(openai.BadRequestError):
+        chat(oai, "b", max_tokens=4)
+    stats = httpx.get(url + "/stats").json()["adapters"]
+    assert [a["id"] for a in stats["adapters"]] == ["a"] and stats["default"] == "a"
+
+
+def _header_bytes(path):
+    with open(path, "rb") as f:
+        return 8 + int.from_bytes(f.read(8), "little")
+
+
+def test_mount_and_unmount_under_load_lose_no_request(served, folders):
+    url = served.url
+    assert httpx.post(url + "/v1/adapters", json={"id": "b", "path": folders["b"]}, timeout=60).status_code == 200
+    oai = client(served)
+    want = {"b": chat(oai, "b", max_tokens=24), "none": chat(oai, "none", max_tokens=24)}
+    assert want["b"] != want["none"]
+
+    n = 12
+    started = threading.Semaphore(0)
+    results = [None] * n
+
+    def run(i, adapter):
+        try:
+            stream = oai.chat.completions.create(
+                model="x", messages=MSGS, temperature=0, max_tokens=24, stream=True,
+                extra_body={"adapter": adapter, "ignore_eos": True})
+            text, first = "", True
+            for chunk in stream:
+                if first:
+                    # The response has begun: the request resolved its adapter.
+                    started.release()
+                    first = False
+                if chunk.choices:
+                    text += chunk.choices[0].delta.content or ""
+            results[i] = (adapter, text)
+        except Exception as e:  # noqa: BLE001 — reported below
+            results[i] = (adapter, e)
+            started.release()
+
+    threads = [threading.Thread(target=run, args=(i, "none" if i % 3 == 2 else "b")) for i in range(n)]
+    for t in threads:
+        t.start()
+    for _ in range(n):
+        assert started.acquire(timeout=60)
+    # Every request holds its adapter; unmount b and churn the registry while they run.
+    assert httpx.delete(url + "/v1/adapters/b").status_code == 200
+    for _ in range(5):
+        r = httpx.post(url + "/v1/adapters", json={"id": "c", "path": folders["c"]}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert httpx.delete(url + "/v1/adapters/c").status_code == 200
+    for t in threads:
+        t.join(120)
+    for adapter, text in results:
+        assert not isinstance(text, Exception), f"{adapter}: {text!r}"
+        assert text == want[adapter], adapter
+    requests = httpx.get(url + "/stats").json()["requests"]
+    assert requests["failed"] == 0 and requests["cancelled"] == 0, requests
+
+
+def test_adapter_flags_fail_fast_naming_the_flag(folders):
+    for flags, needle in [(["--adapter", "=x"], "--adapter"),
+                          (["--adapter", "a="], "--adapter"),
+                          (["--adapter", "a+b=/x"], "--adapter"),
+                          (["--adapter", "zz=/nonexistent/kiln"], "--adapter zz=/nonexistent/kiln"),
+                          (["--adapter", f"w={folders['wide']}"], "model.layers.3.self_attn.q_proj"),
+                          (["--adapter", f"a={folders['a']}", "--adapter", f"a={folders['b']}"], "given twice"),
+                          (["--adapter", f"a={folders['a']}", "--default-adapter", "b"], "--default-adapter b")]:
+        out = subprocess.run([KILN, "serve", "--port", "0", *flags], capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0, flags
+        assert needle in out.stderr and "panicked" not in out.stderr, (flags, out.stderr)
+
+
+def test_default_adapter_none_serves_the_base(folders):
+    s = Server("--adapter", f"a={folders['a']}", "--default-adapter", "none")
+    try:
+        oai = client(s)
+        assert chat(oai) == chat(oai, "none") != chat(oai, "a")
+    finally:
+        s.stop()
