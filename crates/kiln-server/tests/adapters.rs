@@ -79,7 +79,14 @@ fn write_adapter(cfg: &ModelConfig, name: &str, seed: u64, widen: bool) -> PathB
             ..AdapterInfo::default()
         },
     };
-    let dir = std::env::temp_dir().join(format!("kiln-http-adapter-{}-{name}", std::process::id()));
+    // One folder per call: the tests of this binary run at once, and each removes its own
+    // folders when it ends (a shared name let one test delete another's adapter mid-test).
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!(
+        "kiln-http-adapter-{}-{n}-{name}",
+        std::process::id()
+    ));
     adapter.save(&dir).expect("save");
     dir
 }
@@ -314,8 +321,8 @@ async fn mount_list_unmount_and_the_adapter_field() {
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert_eq!(message(&body), "adapter a not mounted (mounted: b)");
     // Mounted again from the same folder: the same answer (a fresh namespace, same weights).
-    let (st, _) = post(app, "/v1/adapters", &mount_body("a", &s.dirs["a"])).await;
-    assert_eq!(st, StatusCode::OK);
+    let (st, body) = post(app, "/v1/adapters", &mount_body("a", &s.dirs["a"])).await;
+    assert_eq!(st, StatusCode::OK, "remount: {body}");
     let (_, again) = post(app, "/v1/chat/completions", &chat(Some("a"), 20)).await;
     assert_eq!(content(&again), content(&with_a));
 }
