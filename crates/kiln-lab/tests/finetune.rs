@@ -243,45 +243,48 @@ const HELD_OUT: [&str; 20] = [
 const TAUGHT: &str = "Beep boop!";
 
 /// Greedy replies (the first few tokens) to `prompts`, with the adapter at `adapter` or none.
-fn replies(model: &Path, adapter: Option<&Path>, prompts: &[&str]) -> Vec<String> {
-    use kiln_train::loss::Sequence;
+/// The model at `model` on the recording backend with `adapter`'s weights as its LoRA (none:
+/// the base), for forwards only; also its tokenizer and chat template.
+fn frozen(
+    model: &Path,
+    adapter: Option<&LoraAdapter>,
+) -> (
+    kiln_train::trainer::Trainer,
+    kiln_model::tokenizer::KilnTokenizer,
+    Option<kiln_model::chat_template::ChatTemplate>,
+) {
     use kiln_train::trainer::{Method, StepConfig, Trainer};
-    let loaded_adapter = adapter.map(|a| LoraAdapter::load(a).unwrap());
-    let mut plan = kiln_train::lora::LoraPlan {
-        targets: kiln_lab::finetune::config::DEFAULT_TARGETS
-            .map(String::from)
-            .to_vec(),
+    let modules = adapter.map(|a| &a.modules);
+    let plan = kiln_train::lora::LoraPlan {
+        targets: modules
+            .map(|m| {
+                m.keys()
+                    .filter_map(|k| k.rsplit('.').next())
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default(),
         first_layer: 0,
         rank: 1,
-        ranks: Default::default(),
+        ranks: modules
+            .map(|m| m.iter().map(|(k, w)| (k.clone(), w.rank)).collect())
+            .unwrap_or_default(),
         scale: 1.0,
         rs_lora: false,
         seed: 0,
         dropout: 0.0,
         by_bits: false,
     };
-    if let Some(a) = &loaded_adapter {
-        plan.ranks = a.modules.iter().map(|(k, m)| (k.clone(), m.rank)).collect();
-        plan.targets = a
-            .modules
-            .keys()
-            .filter_map(|k| k.rsplit('.').next())
-            .map(String::from)
-            .collect();
-    }
     let backend = kiln_train::TapeBackend::new(kiln_train::TapeOptions { plan, dense: false });
     let loaded = kiln_engine::load::load_model(&backend, model).unwrap();
-    if let Some(a) = &loaded_adapter {
+    if let Some(m) = modules {
         backend.with_params(|ps| {
             for p in ps.iter_mut() {
-                if let Some(w) = a.modules.get(&p.path) {
-                    (p.a, p.b, p.scale) = (w.a.clone(), w.b.clone(), w.scale);
-                }
+                let w = &m[&p.path];
+                (p.a, p.b, p.scale) = (w.a.clone(), w.b.clone(), w.scale);
             }
         });
     }
-    let template = loaded.chat_template.clone().unwrap();
-    let tokenizer = loaded.tokenizer.clone();
     let cfg = StepConfig {
         method: Method::Sft,
         adamw: Default::default(),
@@ -294,7 +297,19 @@ fn replies(model: &Path, adapter: Option<&Path>, prompts: &[&str]) -> Vec<String
         grad_accumulation: 1,
         grad_clip_norm: 0.0,
     };
-    let trainer = Trainer::new(backend, loaded.model, cfg);
+    let (tokenizer, template) = (loaded.tokenizer.clone(), loaded.chat_template.clone());
+    (
+        Trainer::new(backend, loaded.model, cfg),
+        tokenizer,
+        template,
+    )
+}
+
+fn replies(model: &Path, adapter: Option<&Path>, prompts: &[&str]) -> Vec<String> {
+    use kiln_train::loss::Sequence;
+    let loaded_adapter = adapter.map(|a| LoraAdapter::load(a).unwrap());
+    let (trainer, tokenizer, template) = frozen(model, loaded_adapter.as_ref());
+    let template = template.unwrap();
     let vocab = trainer.model().config().vocab_size;
     prompts
         .iter()
@@ -417,7 +432,7 @@ fn dpo_and_orpo_on_the_starter_model_move_the_margin_toward_chosen() {
 #[test]
 fn a_fused_gguf_answers_like_the_base_with_its_adapter() {
     use kiln_train::loss::Sequence;
-    use kiln_train::trainer::{Method, StepConfig, Trainer};
+
     let Some(starter) = common::starter() else {
         return;
     };
@@ -489,48 +504,7 @@ fn a_fused_gguf_answers_like_the_base_with_its_adapter() {
     );
 
     let logits = |path: &Path, with: Option<&LoraAdapter>| -> Vec<f32> {
-        let mut plan = kiln_train::lora::LoraPlan {
-            targets: vec!["q_proj".into(), "down_proj".into()],
-            first_layer: 0,
-            rank: 4,
-            ranks: Default::default(),
-            scale: 1.0,
-            rs_lora: false,
-            seed: 0,
-            dropout: 0.0,
-            by_bits: false,
-        };
-        plan.targets = with
-            .map(|a| {
-                a.modules
-                    .keys()
-                    .filter_map(|k| k.rsplit('.').next())
-                    .map(String::from)
-                    .collect()
-            })
-            .unwrap_or_default();
-        let backend = kiln_train::TapeBackend::new(kiln_train::TapeOptions { plan, dense: false });
-        let loaded = kiln_engine::load::load_model(&backend, path).unwrap();
-        if let Some(a) = with {
-            backend.with_params(|ps| {
-                ps.iter_mut().for_each(|p| {
-                    (p.a, p.b) = (a.modules[&p.path].a.clone(), a.modules[&p.path].b.clone())
-                })
-            });
-        }
-        let sc = StepConfig {
-            method: Method::Sft,
-            adamw: Default::default(),
-            schedule: kiln_train::optim::Schedule {
-                peak: 0.0,
-                warmup: 0,
-                total: 1,
-                cosine: false,
-            },
-            grad_accumulation: 1,
-            grad_clip_norm: 0.0,
-        };
-        let t = Trainer::new(backend, loaded.model, sc);
+        let (t, _, _) = frozen(path, with);
         let tokens: Vec<u32> = (0..24).map(|i| 100 + i * 37).collect();
         t.logits(
             &[Sequence {
@@ -570,7 +544,7 @@ fn a_fused_gguf_answers_like_the_base_with_its_adapter() {
 #[ignore = "a tool: needs KILN_DUMP_ADAPTER and KILN_DUMP_OUT"]
 fn dump_adapted_logits_for_the_peft_check() {
     use kiln_train::loss::Sequence;
-    use kiln_train::trainer::{Method, StepConfig, Trainer};
+
     let (Ok(adapter_dir), Ok(out)) = (
         std::env::var("KILN_DUMP_ADAPTER"),
         std::env::var("KILN_DUMP_OUT"),
@@ -579,47 +553,7 @@ fn dump_adapted_logits_for_the_peft_check() {
     };
     let model = common::starter().expect("the starter model");
     let adapter = LoraAdapter::load(Path::new(&adapter_dir)).unwrap();
-    let plan = kiln_train::lora::LoraPlan {
-        targets: adapter
-            .modules
-            .keys()
-            .filter_map(|k| k.rsplit('.').next())
-            .map(String::from)
-            .collect(),
-        first_layer: 0,
-        rank: 1,
-        ranks: adapter
-            .modules
-            .iter()
-            .map(|(k, m)| (k.clone(), m.rank))
-            .collect(),
-        scale: 1.0,
-        rs_lora: false,
-        seed: 0,
-        dropout: 0.0,
-        by_bits: false,
-    };
-    let backend = kiln_train::TapeBackend::new(kiln_train::TapeOptions { plan, dense: false });
-    let loaded = kiln_engine::load::load_model(&backend, &model).unwrap();
-    backend.with_params(|ps| {
-        ps.iter_mut().for_each(|p| {
-            let w = &adapter.modules[&p.path];
-            (p.a, p.b, p.scale) = (w.a.clone(), w.b.clone(), w.scale);
-        })
-    });
-    let sc = StepConfig {
-        method: Method::Sft,
-        adamw: Default::default(),
-        schedule: kiln_train::optim::Schedule {
-            peak: 0.0,
-            warmup: 0,
-            total: 1,
-            cosine: false,
-        },
-        grad_accumulation: 1,
-        grad_clip_norm: 0.0,
-    };
-    let t = Trainer::new(backend, loaded.model, sc);
+    let (t, _, _) = frozen(&model, Some(&adapter));
     let tokens: Vec<u32> = vec![
         1, 504, 3458, 282, 4649, 314, 7042, 30, 2, 9690, 421, 1115, 253, 1345, 28, 100,
     ];

@@ -6,13 +6,13 @@
 use std::path::{Path, PathBuf};
 
 use kiln_model::files::{ModelFiles, WeightFiles};
-use kiln_model::gguf::MetaValue;
+use kiln_model::gguf::{GgufTensorSpec, MetaValue};
 use kiln_model::lora::LoraAdapter;
 use kiln_model::weights::unpermute_order;
 use serde::Serialize;
 
 use crate::LabError;
-use crate::quantize::gguf_out::{self, plan_types};
+use crate::quantize::gguf_out;
 
 /// What a fuse wrote.
 #[derive(Debug, Clone, Serialize)]
@@ -57,15 +57,16 @@ pub fn fuse(model: &Path, adapter_dir: &Path, out: &Path) -> Result<FuseReport, 
             "fuse writes GGUF bases for now; this model is a safetensors folder",
         ));
     };
-    let specs = plan_types(source, &|_, _, _| kiln_kernels::GgmlType::F32);
-    // Keep every tensor's own type: the plan above only lists names and shapes.
-    let specs = specs
-        .into_iter()
-        .map(|mut s| {
-            if let Some(info) = source.file().header().tensor(&s.name) {
-                s.ty = info.ty;
-            }
-            s
+    // Every tensor keeps its own type: only the adapted matrices' values change.
+    let specs = source
+        .file()
+        .header()
+        .tensors
+        .iter()
+        .map(|info| GgufTensorSpec {
+            name: info.name.clone(),
+            dims: info.dims.clone(),
+            ty: info.ty,
         })
         .collect();
     let module_of = |gguf: &str| -> Option<String> {

@@ -253,7 +253,7 @@ pub fn finetune(
         best_val_loss: state.best_val,
         tokens_per_sec: state.tokens as f64 / state.train_secs.max(1e-9),
         wall_secs: started.elapsed().as_secs_f64(),
-        peak_rss_bytes: peak_rss_bytes(),
+        peak_rss_bytes: Some(kiln_engine::stats::peak_rss_bytes()).filter(|b| *b > 0),
         trainable_params: trainer
             .backend()
             .with_params(|p| p.iter().map(|q| q.a.len() + q.b.len()).sum()),
@@ -293,14 +293,6 @@ fn warm_start(backend: &TapeBackend, dir: &Path) -> Result<(), LabError> {
         }
         Ok(())
     })
-}
-
-/// Peak resident set (`VmHWM`) of this process.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 /// The training loop's state.
