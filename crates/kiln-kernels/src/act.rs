@@ -57,7 +57,7 @@ fn silu_mul_lanes(gate: &mut [f32], up: &[f32]) {
 /// exponential.
 #[inline(always)]
 fn exp_clamped(x: f32) -> f32 {
-    let e = crate::softmax::exp_reduced(x.clamp(-87.0, 88.0));
+    let e = crate::attention::softmax::exp_reduced(x.clamp(-87.0, 88.0));
     if x >= 88.0 { f32::INFINITY } else { e }
 }
 

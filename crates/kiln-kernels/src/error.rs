@@ -1,6 +1,6 @@
 //! Error type shared by every kernel entry point.
 
-use crate::types::GgmlType;
+use crate::format::types::GgmlType;
 
 /// Everything that can go wrong when a kernel is handed data; sizes come from files, so
 /// they are checked and reported instead of panicking.

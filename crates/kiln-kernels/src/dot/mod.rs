@@ -3,7 +3,7 @@
 //! SIMD coverage: AVX2 for every type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, F32, F16,
 //! BF16); AVX-512 VNNI for Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K (other types at the AVX-512
 //! level use their AVX2 kernel). Token tiles (one weight row × several tokens, for prefill)
-//! are in [`crate::tile`].
+//! are in [`crate::matmul::tile`].
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
@@ -12,9 +12,9 @@ pub mod avx512;
 pub mod scalar;
 
 use crate::error::{KernelError, Result};
+use crate::format::types::GgmlType;
 use crate::level::{CpuLevel, cpu_level};
 use crate::quantize::{ActFormat, ActRow};
-use crate::types::GgmlType;
 
 /// Dot product of a weight row (raw ggml bytes of type `weight_ty`) with an activation row in
 /// the matching format, at the process-wide [`cpu_level`].

@@ -2,7 +2,7 @@
 //! follows ggml's generic C code (e.g. Q4_1: `(dx*dy)*sumi + mx*sy`), accumulated in f32 in
 //! block order. Float-weight dots accumulate in f64 (as ggml's `ggml_float`) and round once.
 
-use crate::blocks::*;
+use crate::format::blocks::*;
 
 #[inline(always)]
 fn nib_dot(qs: &[u8], y: &[i8], off: i32) -> i32 {

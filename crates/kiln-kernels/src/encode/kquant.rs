@@ -12,7 +12,7 @@ use super::kquant_search::{
     Affine, AffineGrid, GROUP_EPS, affine_search, nearest_int, q3_search, signed_absmax,
     symmetric_search,
 };
-use crate::blocks::{
+use crate::format::blocks::{
     Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, k4_scales_mins, q3k_scales,
 };
 use half::f16;

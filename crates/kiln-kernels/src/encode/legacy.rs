@@ -8,8 +8,8 @@
 //! there the bytes follow what ggml's x86-64 build does (see [`c_to_byte`]).
 
 use super::kquant_search::signed_absmax;
-use crate::blocks::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_BYTES};
-use crate::types::QK;
+use crate::format::blocks::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_BYTES};
+use crate::format::types::QK;
 use half::f16;
 
 /// C's `(int8_t)v` / `(uint8_t)v` as ggml's x86-64 build computes it: truncation to a 32-bit

@@ -1,6 +1,6 @@
 //! Weight encoders: f32 rows to ggml block bytes, for writing quantized model files.
 //!
-//! These are the inverse of [`crate::dequant`] and follow llama.cpp's *reference* quantizers
+//! These are the inverse of [`crate::format::dequant`] and follow llama.cpp's *reference* quantizers
 //! (`quantize_row_*_ref`, the path `llama-quantize` takes without an importance matrix): the
 //! same searches, the same float operations in the same order, round-to-nearest f16 scales, so
 //! the bytes are identical to ggml's (see `tests.rs`, which checks them against a golden file
@@ -15,7 +15,7 @@ mod kquant_search;
 mod legacy;
 
 use crate::error::{KernelError, Result};
-use crate::types::GgmlType;
+use crate::format::types::GgmlType;
 
 /// Below this many elements [`encode_rows`] stays on the calling thread.
 const MIN_PARALLEL_ELEMS: usize = 1 << 16;

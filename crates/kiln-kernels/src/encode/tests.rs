@@ -2,10 +2,10 @@
 //! exact special cases, and input errors.
 
 use super::{can_encode, encode_row, encode_rows};
-use crate::dequant::dequantize_row;
 use crate::error::KernelError;
+use crate::format::dequant::dequantize_row;
+use crate::format::types::GgmlType::{self, *};
 use crate::testutil::xorshift;
-use crate::types::GgmlType::{self, *};
 
 /// Every type the encoders handle.
 const ENCODABLE: [GgmlType; 13] = [

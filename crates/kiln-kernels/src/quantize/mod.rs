@@ -9,16 +9,17 @@
 //! Note: ggml's own AVX2 `quantize_row_q8_0/1` differ slightly from its reference (they use
 //! `127/amax` and round-half-even); this crate follows the reference.
 
-use crate::blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 use crate::error::{KernelError, Result};
-use crate::interleave::{BlockQ8_0x4, pack_row_q8_0x4, x4_groups};
+use crate::format::blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 use crate::level::{CpuLevel, cpu_level};
+use crate::quantize::interleave::{BlockQ8_0x4, pack_row_q8_0x4, x4_groups};
 
+pub mod interleave;
 mod round;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use crate::types::{GgmlType, QK, QK_K};
+use crate::format::types::{GgmlType, QK, QK_K};
 use half::f16;
 use round::{block_amax, round_block};
 
@@ -363,7 +364,7 @@ impl QuantizedActivations {
     }
 
     /// Builds the interleaved copy of Q8_0 rows that the AVX-512 Q8_0 / Q5_0 tiles read
-    /// (see [`crate::interleave`]); does nothing for other formats or if already built.
+    /// (see [`crate::quantize::interleave`]); does nothing for other formats or if already built.
     pub(crate) fn prepare_q8_0x4(&mut self) {
         if self.x4_ready || self.format != ActFormat::Q8_0 {
             return;

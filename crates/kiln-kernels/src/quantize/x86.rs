@@ -16,7 +16,7 @@
 use half::f16;
 use std::arch::x86_64::*;
 
-use crate::blocks::{BlockQ8_0, BlockQ8_1};
+use crate::format::blocks::{BlockQ8_0, BlockQ8_1};
 
 /// One block's codes, or `None` if the block needs the scalar path. Returns `(d, codes as
 /// four vectors of eight i32)`.

@@ -146,14 +146,11 @@ impl KvPlan {
         for (layer, q) in self.quantized.iter().enumerate() {
             let reason = match *q {
                 Some(KvQuantFormat::Affine { bits, group_size }) => {
-                    kiln_kernels::kvquant::affine::AffineCodec::new(head_dim, bits, group_size)
-                        .err()
+                    kiln_kernels::kv::affine::AffineCodec::new(head_dim, bits, group_size).err()
                 }
                 Some(KvQuantFormat::Turbo { k_bits, v_bits }) => {
-                    kiln_kernels::kvquant::turbo::TurboCodec::new(head_dim, k_bits, 0)
-                        .and_then(|_| {
-                            kiln_kernels::kvquant::turbo::TurboCodec::new(head_dim, v_bits, 0)
-                        })
+                    kiln_kernels::kv::turbo::TurboCodec::new(head_dim, k_bits, 0)
+                        .and_then(|_| kiln_kernels::kv::turbo::TurboCodec::new(head_dim, v_bits, 0))
                         .err()
                 }
                 None => None,

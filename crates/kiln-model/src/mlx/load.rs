@@ -15,7 +15,7 @@ use std::sync::Mutex;
 
 use half::{bf16, f16};
 use kiln_kernels::GgmlType;
-use kiln_kernels::blocks::{Q4_1_BYTES, Q5_1_BYTES};
+use kiln_kernels::format::blocks::{Q4_1_BYTES, Q5_1_BYTES};
 use safetensors::Dtype;
 
 use super::affine::{dequantize_codes, unpack_row};

@@ -16,7 +16,7 @@
 //! magnitude the tests use).
 
 use super::{f16c_at, hsum_ps};
-use crate::blocks::*;
+use crate::format::blocks::*;
 use std::arch::x86_64::*;
 
 /// The 32 bytes at `off` of a block (a bounds check that folds away for constant offsets).
@@ -64,7 +64,7 @@ pub(crate) fn hsum_ps128(v: __m128) -> f32 {
 
 /// Q4_K/Q5_K scales and mins from the 12 scale bytes at offset 4 of the block, as two
 /// little-endian words of eight 6-bit values each: `(scales, mins)`. Word arithmetic on the
-/// layout described at [`crate::blocks`]' `k4_scales_mins`: values 0..4 are the low 6 bits of
+/// layout described at [`crate::format::blocks`]' `k4_scales_mins`: values 0..4 are the low 6 bits of
 /// bytes 0..4 (scales) / 4..8 (mins); values 4..8 take their low nibble from bytes 8..12 and
 /// their top two bits from the spare high bits of bytes 0..4 / 4..8.
 #[inline(always)]

@@ -1,7 +1,7 @@
 //! AVX2 kernels for the legacy 32-element block types and the float types.
 
 use super::{f16c, f16c_at, hsum_ps};
-use crate::blocks::*;
+use crate::format::blocks::*;
 use std::arch::x86_64::*;
 
 /// 16 packed bytes → 32 bytes: low nibbles in bytes 0..16, high nibbles in 16..32, which is

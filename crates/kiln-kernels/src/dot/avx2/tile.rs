@@ -8,8 +8,8 @@
 
 use super::legacy::{bits_to_bytes, dot_us8, load32, load32_at, nibbles, qs16};
 use super::{f16c, f16c_at, hsum_ps};
-use crate::blocks::*;
 use crate::dot::cut;
+use crate::format::blocks::*;
 use std::arch::x86_64::*;
 
 /// One Q8_0 activation block against a signed weight block given as `|x|` and `x` (whose

@@ -8,8 +8,8 @@
 use super::kquant::{bsums, chunk_scales, hsum_ps128, k4_min_sums, k4_setup, ld16, ld32, y32};
 use super::kquant::{q6k_codes, scaled_dot, scales16_even_odd};
 use super::{f16c_at, hsum_ps};
-use crate::blocks::*;
 use crate::dot::cut;
+use crate::format::blocks::*;
 use std::arch::x86_64::*;
 
 /// Q4_K weights × `N` Q8_K activation rows; `out[t]` is bit-identical to

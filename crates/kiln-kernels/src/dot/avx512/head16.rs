@@ -1,4 +1,4 @@
-//! AVX-512 VNNI kernel for repacked Q8_0 weights × 16-bit activations (`crate::head16`): the
+//! AVX-512 VNNI kernel for repacked Q8_0 weights × 16-bit activations (`crate::head::i16_acts`): the
 //! output head, whose activations keep 16 bits. A group block's eight code vectors widen to
 //! sixteen vectors of signed 16-bit pairs (rows 0..8 and 8..16), and `vpdpwssd` multiplies two
 //! codes of each row by two broadcast activations per 32-bit lane; each row's two lanes are

@@ -7,8 +7,8 @@
 //! i16 bounds as the AVX2 kernels); `d` and the mins are applied in f32 once per super-block.
 //! Q2_K and Q3_K use their AVX2 kernels at this level.
 
-use crate::blocks::*;
 use crate::dot::avx2::{bsums, f16c_at, hsum_ps128, k4_min_sums, k4_scales_mins_words, ld16, ld32};
+use crate::format::blocks::*;
 use std::arch::x86_64::*;
 
 /// 64 activations starting at `off`.

@@ -3,8 +3,8 @@
 //! scales are applied as a lane-blended scale vector with FMA. An odd trailing block uses the
 //! AVX2 kernel.
 
-use crate::blocks::*;
 use crate::dot::avx2::{self, f16c, f16c_at};
+use crate::format::blocks::*;
 use std::arch::x86_64::*;
 
 #[inline]

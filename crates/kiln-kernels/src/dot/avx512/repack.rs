@@ -6,8 +6,8 @@
 //! the row kernels spend about that per row pair. The result of every token is a vector of
 //! 16 consecutive outputs, stored as is.
 
-use crate::blocks::{BlockQ8_0, BlockQ8_1};
 use crate::dot::avx2::f16c;
+use crate::format::blocks::{BlockQ8_0, BlockQ8_1};
 use crate::repack::{Q4_1X16_BYTES, Q5_0X16_BYTES, Q8_0X16_BYTES};
 use std::arch::x86_64::*;
 

@@ -1,12 +1,12 @@
 //! AVX-512 VNNI kernels for Q4_K and Q6_K weights repacked 16 rows at a time
-//! ([`crate::repack_k`]): as for the 32-value formats (`repack.rs`), lane `k` of every vector
+//! ([`crate::repack::kquant`]): as for the 32-value formats (`repack.rs`), lane `k` of every vector
 //! is row `k`, so each `vpdpbusd` multiplies four codes of 16 rows by one broadcast activation
 //! word. Per 32 (Q4_K) or 16 (Q6_K) values the integer sum is multiplied by the rows' sub-block
 //! scales (`vpmulld`) and summed in integers; floats enter once per super-block, as in ggml.
 
 use super::repack::{block_dot, nibble_codes, vectors};
-use crate::blocks::BlockQ8K;
-use crate::repack_k::{
+use crate::format::blocks::BlockQ8K;
+use crate::repack::kquant::{
     Q4_K_CODES_AT, Q4_KX16_BYTES, Q6_K_CODES_AT, Q6_K_PIECE_BYTES, Q6_K_SCALES_AT, Q6_KX16_BYTES,
 };
 use std::arch::x86_64::*;

@@ -13,8 +13,8 @@
 //! sums, which are added up at the end, where the reference adds one rounded product per block
 //! in block order.
 
-use crate::blocks::*;
-use crate::interleave::BlockQ8_0x4;
+use crate::format::blocks::*;
+use crate::quantize::interleave::BlockQ8_0x4;
 use std::arch::x86_64::*;
 
 /// The 16 bytes at `OFF` of each of four blocks, block `k` in 128-bit lane `k`.

@@ -5,9 +5,9 @@
 //! [`super::q4_k_q8_k`] / [`super::q6_k_q8_k`] on `a[t]`.
 
 use super::kquant::{group_scales, join, k4_setup, ld64, nibbles64, run_dot, run_scales, y64};
-use crate::blocks::*;
 use crate::dot::avx2::{bsums, f16c_at, hsum_ps128, k4_min_sums, ld16, ld32};
 use crate::dot::cut;
+use crate::format::blocks::*;
 use std::arch::x86_64::*;
 
 /// Q4_K weights × `N` Q8_K activation rows.

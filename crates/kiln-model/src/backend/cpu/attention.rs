@@ -9,9 +9,9 @@
 
 use std::ops::Range;
 
-use kiln_kernels::attn_block;
-use kiln_kernels::attn_tile::{self, Tile};
-use kiln_kernels::kvquant::turbo::TurboCodec;
+use kiln_kernels::attention::block;
+use kiln_kernels::attention::tile::{self, Tile};
+use kiln_kernels::kv::turbo::TurboCodec;
 
 use super::kv::CpuKv;
 use super::kv_cell::{LayerCell, LayerCodec};
@@ -201,8 +201,8 @@ fn attend_block(
         }
         let scores = &mut scores[..nq * n];
         for_each_tile(cell, codec, true, g, lo..lo + n, hd, tile, |t0, t| {
-            let ld = attn_block::transpose_tile(t, keys_t);
-            attn_block::block_scores(
+            let ld = block::transpose_tile(t, keys_t);
+            block::block_scores(
                 level,
                 query,
                 hd,
@@ -223,7 +223,7 @@ fn attend_block(
                 let (before, rest) = s.split_at_mut(v.start);
                 let (mid, after) = rest.split_at_mut(v.len());
                 let max = mid.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                sums[k * group + h] = attn_tile::exp_shifted_in_place_at(level, mid, max);
+                sums[k * group + h] = tile::exp_shifted_in_place_at(level, mid, max);
                 before.fill(0.0);
                 after.fill(0.0);
             }
@@ -231,7 +231,7 @@ fn attend_block(
         acc.clear();
         acc.resize(nq * hd, 0.0);
         for_each_tile(cell, codec, false, g, lo..lo + n, hd, tile, |t0, t| {
-            attn_block::block_weighted_sum(level, scores, n, t0, t, acc);
+            block::block_weighted_sum(level, scores, n, t0, t, acc);
         });
         for k in 0..run.rows.len() {
             let row = &mut out_rows[k * width..(k + 1) * width];
@@ -394,13 +394,13 @@ fn attend(
         let scores = &mut scores[..group * n];
         let level = kiln_kernels::cpu_level();
         for_each_tile(cell, codec, true, g, first..first + n, hd, tile, |t0, t| {
-            attn_tile::tile_scores(level, query, t, p.scale, scores, n, t0);
+            tile::tile_scores(level, query, t, p.scale, scores, n, t0);
         });
         for h in 0..group {
             let s = &mut scores[h * n..(h + 1) * n];
             let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             part.maxima[h] = max;
-            part.sums[h] = attn_tile::exp_shifted_in_place_at(level, s, max);
+            part.sums[h] = tile::exp_shifted_in_place_at(level, s, max);
         }
         for_each_tile(
             cell,
@@ -411,7 +411,7 @@ fn attend(
             hd,
             tile,
             |t0, t| {
-                attn_tile::tile_weighted_sum(level, scores, n, t0, t, out_group);
+                tile::tile_weighted_sum(level, scores, n, t0, t, out_group);
             },
         );
     });

@@ -2,9 +2,9 @@
 //! (position × KV head) at a time and read back by the attention kernel in f32 tiles.
 
 use half::bf16;
-use kiln_kernels::half_conv;
-use kiln_kernels::kvquant::affine::AffineCodec;
-use kiln_kernels::kvquant::turbo::TurboCodec;
+use kiln_kernels::kv::affine::AffineCodec;
+use kiln_kernels::kv::half_conv;
+use kiln_kernels::kv::turbo::TurboCodec;
 
 use super::kv_buf::KvBuf;
 use crate::ModelError;

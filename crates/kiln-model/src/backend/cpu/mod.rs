@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use kiln_kernels::arena::WeightBuf;
-use kiln_kernels::head16::{Q16Activations, matmul_repacked_q16};
+use kiln_kernels::head::i16_acts::{Q16Activations, matmul_repacked_q16};
 use kiln_kernels::repack::{RepackedMatrix, matmul_repacked, matmul_repacked_many};
 use kiln_kernels::{GgmlType, QMatrix, QuantizedActivations};
 
@@ -64,7 +64,7 @@ pub enum CpuMatrix {
     /// (`kiln_kernels::repack`).
     Repacked(RepackedMatrix),
     /// An output head (see `f32_activations`) of Q8_0 rows interleaved as `Repacked`, run with
-    /// 16-bit activations (`kiln_kernels::head16`).
+    /// 16-bit activations (`kiln_kernels::head::i16_acts`).
     RepackedHead(RepackedMatrix),
 }
 
@@ -149,10 +149,12 @@ impl Backend for CpuBackend {
             });
         }
         // The output head (the embedding table when tied) keeps its activations unrounded
-        // (f32, `kiln_kernels::exact`, which says what this buys) or, for Q8_0 heads on
-        // AVX-512, at 16 bits (`kiln_kernels::head16`).
+        // (f32, `kiln_kernels::head::f32_acts`, which says what this buys) or, for Q8_0 heads on
+        // AVX-512, at 16 bits (`kiln_kernels::head::i16_acts`).
         let f32_activations = name == "lm_head.weight" || name == "model.embed_tokens.weight";
-        if f32_activations && kiln_kernels::head16::worthwhile(kiln_kernels::cpu_level(), t.ty) {
+        if f32_activations
+            && kiln_kernels::head::i16_acts::worthwhile(kiln_kernels::cpu_level(), t.ty)
+        {
             return Ok(CpuMatrix::RepackedHead(RepackedMatrix::from_file_bytes(
                 t.ty, t.rows, t.cols, t.bytes,
             )?));

@@ -6,11 +6,11 @@
 use half::f16;
 
 use crate::Result;
-use crate::blocks::Q8_0_BYTES;
-use crate::dequant::dequantize_unchecked;
+use crate::format::blocks::Q8_0_BYTES;
+use crate::format::dequant::dequantize_unchecked;
+use crate::format::types::GgmlType;
 use crate::level::{CpuLevel, cpu_level};
 use crate::matmul::{QMatrix, check_len, par_drive};
-use crate::types::GgmlType;
 
 /// `out[t * rows + r] = Σ W[r, i] · x[t, i]` with the weights dequantized block by block in
 /// registers or a stack buffer, never as a whole matrix.

@@ -1,15 +1,18 @@
 //! Matrix × activations driver: quantize activations once, then split weight rows across
 //! pool tasks, each task reading its weight rows once per token tile.
 
+pub mod dense;
+pub mod tile;
+
 use std::ops::Range;
 
-use crate::dequant::dequantize_unchecked;
 use crate::dot::dot_unchecked;
 use crate::error::{KernelError, Result};
+use crate::format::dequant::dequantize_unchecked;
+use crate::format::types::GgmlType;
 use crate::level::{CpuLevel, cpu_level};
+use crate::matmul::tile::{TOKEN_TILE, needs_q8_0x4, tile_unchecked};
 use crate::quantize::{ActFormat, ActRow, QuantizedActivations};
-use crate::tile::{TOKEN_TILE, needs_q8_0x4, tile_unchecked};
-use crate::types::GgmlType;
 
 /// A row-major weight matrix of `rows` rows, each `cols` elements of type `ty`, borrowed as
 /// raw ggml bytes.
@@ -227,7 +230,7 @@ pub fn matmul(
 
 /// [`matmul`] at an explicit level (clamped to what the CPU supports); tests use it to run
 /// every level's kernels through the driver. Several tokens go through the token tiles
-/// ([`crate::tile`]); one token through the row kernels of [`crate::vec_dot_at`].
+/// ([`crate::matmul::tile`]); one token through the row kernels of [`crate::vec_dot_at`].
 pub fn matmul_at(
     level: CpuLevel,
     w: &QMatrix<'_>,

@@ -1,7 +1,7 @@
 //! Row dequantization for the K-quants (256-element super-blocks). Same rule as
-//! [`crate::dequant`]: ggml's operation order, no FMA, so results are bit-identical.
+//! [`crate::format::dequant`]: ggml's operation order, no FMA, so results are bit-identical.
 
-use crate::blocks::*;
+use crate::format::blocks::*;
 
 pub(crate) fn q2_k(src: &[[u8; Q2_K_BYTES]], dst: &mut [f32]) {
     for (b, y) in src.iter().zip(dst.chunks_exact_mut(256)) {

@@ -16,7 +16,7 @@
 //!
 //! Both are exactly as large as the file's 16 super-blocks, so the matrix repacks in place.
 
-use crate::blocks::{Q4_K_BYTES, Q6_K_BYTES};
+use crate::format::blocks::{Q4_K_BYTES, Q6_K_BYTES};
 
 /// Bytes of one Q4_K group block: the header (64 + 128 + 64) and 2,048 code bytes.
 pub const Q4_KX16_BYTES: usize = 16 * Q4_K_BYTES;

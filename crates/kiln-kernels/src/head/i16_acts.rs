@@ -1,18 +1,18 @@
 //! The output head on repacked Q8_0 weights with 16-bit activations.
 //!
 //! The head's logits feed the sampler directly, so its activations are not rounded to 8 bits
-//! (on SmolLM2 that rounding is most of the Q4_1 path's KL against f32, see [`crate::exact`]).
+//! (on SmolLM2 that rounding is most of the Q4_1 path's KL against f32, see [`crate::head::f32_acts`]).
 //! Sixteen bits per value with an f32 scale per 32 values keep the rounding below 2^-16 of each
 //! block's largest value — far under the f32 path's own summation noise at these sizes — while
 //! the integer `vpdpwssd` kernel reads the weights at memory speed; the f32 path converts every
 //! weight to float and is compute-bound at one thread.
 
 use crate::error::Result;
+use crate::format::types::GgmlType;
 use crate::level::CpuLevel;
 use crate::matmul::check_len;
+use crate::matmul::tile::TOKEN_TILE;
 use crate::repack::{GROUP_ROWS, RepackedMatrix};
-use crate::tile::TOKEN_TILE;
-use crate::types::GgmlType;
 
 /// Activations as 16-bit codes with one f32 scale per 32 values, reused between calls.
 #[derive(Debug, Default)]
@@ -192,7 +192,7 @@ mod tests {
                 })
                 .collect();
             let mut exact = vec![0f32; tokens * rows];
-            crate::exact::matmul_f32_activations(&q, &x, tokens, &mut exact).unwrap();
+            crate::head::f32_acts::matmul_f32_activations(&q, &x, tokens, &mut exact).unwrap();
             let mut scratch = Q16Activations::new();
             let mut reference = vec![0f32; tokens * rows];
             matmul_repacked_q16_at(

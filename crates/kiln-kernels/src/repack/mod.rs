@@ -12,7 +12,7 @@
 //! - Q5_0 ([`Q5_0X16_BYTES`]): 16 f16 scales, eight 64-bit masks (bit `4k + b` of mask `i` is
 //!   row `k`'s 5th bit of code `4i + b`), then four nibble vectors as for Q4_1; codes are
 //!   `nibble + 16·bit = w + 16`.
-//! - Q4_K and Q6_K: 256-value super-blocks, laid out as [`crate::repack_k`] describes.
+//! - Q4_K and Q6_K: 256-value super-blocks, laid out as [`crate::repack::kquant`] describes.
 //!
 //! The group blocks of a group follow each other along the row; groups follow each other down
 //! the matrix. A last group with fewer than 16 rows is padded with zero blocks, whose outputs
@@ -23,18 +23,20 @@
 //! (as ggml) use the block's `s`, rounded to f16. Prefill and decode run the same kernel, so
 //! they agree to the bit.
 
+pub mod kquant;
+
 use crate::arena::WeightBuf;
-use crate::blocks::{
-    BlockQ8_0, BlockQ8_1, BlockQ8K, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES,
-};
 use crate::dot::dot_unchecked;
 use crate::error::{KernelError, Result};
+use crate::format::blocks::{
+    BlockQ8_0, BlockQ8_1, BlockQ8K, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+};
+use crate::format::types::GgmlType;
 use crate::level::CpuLevel;
+use crate::matmul::tile::TOKEN_TILE;
 use crate::matmul::{QMatrix, check_len};
 use crate::quantize::{ActFormat, ActRow, QuantizedActivations};
-use crate::repack_k::{self, Q4_KX16_BYTES, Q6_KX16_BYTES};
-use crate::tile::TOKEN_TILE;
-use crate::types::GgmlType;
+use kquant::{Q4_KX16_BYTES, Q6_KX16_BYTES};
 use std::ops::Range;
 
 /// Rows per interleaved group.
@@ -64,8 +66,8 @@ const MAX_FILE_BLOCK: usize = Q6_K_BYTES;
 /// Writes row `k`'s file block `blk` into the group block `dst` (zeroed before its first row).
 fn pack(ty: GgmlType, k: usize, blk: &[u8], dst: &mut [u8]) {
     match ty {
-        GgmlType::Q4_K => return repack_k::pack_q4_k(k, blk, dst),
-        GgmlType::Q6_K => return repack_k::pack_q6_k(k, blk, dst),
+        GgmlType::Q4_K => return kquant::pack_q4_k(k, blk, dst),
+        GgmlType::Q6_K => return kquant::pack_q6_k(k, blk, dst),
         _ => {}
     }
     dst[2 * k..2 * k + 2].copy_from_slice(&blk[0..2]);
@@ -105,8 +107,8 @@ fn pack(ty: GgmlType, k: usize, blk: &[u8], dst: &mut [u8]) {
 /// block's bytes).
 fn unpack(ty: GgmlType, k: usize, src: &[u8], out: &mut [u8]) {
     match ty {
-        GgmlType::Q4_K => return repack_k::unpack_q4_k(k, src, out),
-        GgmlType::Q6_K => return repack_k::unpack_q6_k(k, src, out),
+        GgmlType::Q4_K => return kquant::unpack_q4_k(k, src, out),
+        GgmlType::Q6_K => return kquant::unpack_q6_k(k, src, out),
         _ => {}
     }
     out[0..2].copy_from_slice(&src[2 * k..2 * k + 2]);

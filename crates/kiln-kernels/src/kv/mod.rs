@@ -16,6 +16,7 @@
 
 pub mod affine;
 mod affine_tile;
+pub mod half_conv;
 pub mod lloyd_max;
 pub mod turbo;
 mod turbo_tile;

@@ -8,19 +8,19 @@
 //! Most tile kernels do, per token, exactly their row kernel's arithmetic in the same order,
 //! so their results are bit-identical to [`crate::vec_dot_at`] at the same level (prefill and
 //! decode agree to the bit). The exception is Q8_0 / Q5_0 at the AVX-512 level: they read
-//! activations interleaved four blocks at a time ([`crate::interleave`]), which needs a
+//! activations interleaved four blocks at a time ([`crate::quantize::interleave`]), which needs a
 //! different summation order; they match the scalar reference exactly on integer-valued data
 //! and within float rounding (tested at 1e-5 of Σ|terms|) otherwise.
 
 use std::ops::Range;
 
-use crate::blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 use crate::dot::{check_dot_args, dot_unchecked};
 use crate::error::{KernelError, Result};
-use crate::interleave::BlockQ8_0x4;
+use crate::format::blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+use crate::format::types::GgmlType;
 use crate::level::CpuLevel;
+use crate::quantize::interleave::BlockQ8_0x4;
 use crate::quantize::{ActRow, QuantizedActivations};
-use crate::types::GgmlType;
 
 /// Tokens per tile: a tile's activations stay in L1 while the task's weight rows stay in L2,
 /// and the AVX-512 kernels keep one accumulator per token in registers.

@@ -286,7 +286,7 @@ impl TurboCodec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvquant::TestRng;
+    use crate::kv::TestRng;
 
     const ALL_BITS: [u8; 5] = [2, 3, 4, 5, 8];
 

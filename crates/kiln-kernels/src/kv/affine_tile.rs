@@ -129,7 +129,7 @@ fn group4<const G: usize, const B: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvquant::check_tiles_against_rows;
+    use crate::kv::check_tiles_against_rows;
 
     /// Every level decodes a tile exactly as `dequantize` decodes each of its rows, for every
     /// width, group size and several row widths: quantized rows with hostile scales (f16

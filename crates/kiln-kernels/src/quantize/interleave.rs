@@ -12,7 +12,7 @@
 //! bytes), so the weights keep their sign and the `128 · Σx` this adds is a property of the
 //! weight row, subtracted once per row and tile rather than once per token.
 
-use crate::blocks::BlockQ8_0;
+use crate::format::blocks::BlockQ8_0;
 
 /// Four Q8_0 activation blocks (fewer at the end of a row: the rest are zero), interleaved.
 /// 192 bytes, 64-aligned, so that each 64-byte load is one cache line.

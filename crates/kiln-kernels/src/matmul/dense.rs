@@ -11,8 +11,8 @@
 use crate::dot::dot_f32_at;
 use crate::error::Result;
 use crate::level::{CpuLevel, cpu_level};
+use crate::matmul::tile::TOKEN_TILE;
 use crate::matmul::{check_len, par_drive, par_drive_tiles};
-use crate::tile::TOKEN_TILE;
 
 /// Plain f32 matmul: `w` is `[rows, cols]`, `x` is `[n_tokens, cols]`, `out[t * rows + r]`.
 pub fn matmul_f32(

@@ -185,7 +185,7 @@ fn group_sums(codes: &[u8], q: &[f32]) -> (f32, f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvquant::TestRng;
+    use crate::kv::TestRng;
 
     fn random_row(rng: &mut TestRng, dim: usize) -> Vec<f32> {
         // Per-element offsets and spreads that differ between groups, like real K/V heads.

@@ -33,11 +33,13 @@ pub fn tile_scores(
     check(&tile, queries.len(), scores.len(), n, offset);
     #[cfg(target_arch = "x86_64")]
     if level.clamp_to_hardware() >= CpuLevel::Avx512
-        && crate::attn_avx512::scores_fit(tile.head_dim)
+        && crate::attention::avx512::scores_fit(tile.head_dim)
     {
         // SAFETY: AVX-512F is present (the level is clamped to the hardware); the head width
         // fits and `check` has checked the sizes.
-        return unsafe { crate::attn_avx512::scores(queries, tile, scale, scores, n, offset) };
+        return unsafe {
+            crate::attention::avx512::scores(queries, tile, scale, scores, n, offset)
+        };
     }
     #[cfg(target_arch = "x86_64")]
     if level.clamp_to_hardware() >= CpuLevel::Avx2 {
@@ -63,7 +65,7 @@ pub fn tile_weighted_sum(
     if level.clamp_to_hardware() >= CpuLevel::Avx512 {
         // SAFETY: AVX-512F is present (the level is clamped to the hardware), and `check`
         // has checked the sizes.
-        if unsafe { crate::attn_avx512::weighted(weights, n, offset, tile, out) } {
+        if unsafe { crate::attention::avx512::weighted(weights, n, offset, tile, out) } {
             return;
         }
         // SAFETY: as above.
@@ -78,7 +80,7 @@ pub fn tile_weighted_sum(
     weighted_lanes(weights, n, offset, tile, out)
 }
 
-/// [`crate::softmax::exp_shifted_in_place`] at `level`; bit-identical at every level (the
+/// [`crate::attention::softmax::exp_shifted_in_place`] at `level`; bit-identical at every level (the
 /// wider level only widens the element-wise part; the eight running sums stay eight).
 pub fn exp_shifted_in_place_at(level: CpuLevel, s: &mut [f32], max: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
@@ -92,7 +94,7 @@ pub fn exp_shifted_in_place_at(level: CpuLevel, s: &mut [f32], max: f32) -> f32 
         return unsafe { exp_avx2(s, max) };
     }
     let _ = level;
-    crate::softmax::exp_shifted_in_place(s, max)
+    crate::attention::softmax::exp_shifted_in_place(s, max)
 }
 
 /// Sizes are the caller's contract; a mismatch is a bug, caught before any unchecked width.
@@ -129,13 +131,13 @@ unsafe fn weighted_avx512(w: &[f32], n: usize, off: usize, t: Tile<'_>, out: &mu
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2")]
 unsafe fn exp_avx512(s: &mut [f32], max: f32) -> f32 {
-    crate::softmax::exp_shifted_lanes(s, max)
+    crate::attention::softmax::exp_shifted_lanes(s, max)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn exp_avx2(s: &mut [f32], max: f32) -> f32 {
-    crate::softmax::exp_shifted_lanes(s, max)
+    crate::attention::softmax::exp_shifted_lanes(s, max)
 }
 
 #[inline(always)]
@@ -210,7 +212,7 @@ mod tests {
             let mut want_o = noise(group * hd, 4);
             weighted_lanes(&weights, n, off, tile, &mut want_o);
             let mut want_e = noise(n, 5);
-            let want_sum = crate::softmax::exp_shifted_in_place(&mut want_e, 10.0);
+            let want_sum = crate::attention::softmax::exp_shifted_in_place(&mut want_e, 10.0);
             for level in supported_levels() {
                 let mut s = vec![0f32; group * n];
                 tile_scores(level, &q, tile, 0.125, &mut s, n, off);

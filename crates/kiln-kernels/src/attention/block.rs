@@ -3,14 +3,14 @@
 //! blocks, so each key or value element loaded serves several query vectors and no horizontal
 //! sum is needed. A block is every query head of a GQA group for several query rows.
 //!
-//! Every output element is computed in the order of [`crate::attn_tile`]'s per-row loops, with
+//! Every output element is computed in the order of [`crate::attention::tile`]'s per-row loops, with
 //! a separate multiply and add: a score as eight running sums over `d mod 8` added up in
 //! order, a weighted sum sequentially over positions. The vector lanes run over positions
 //! (scores) or over the head dimension (weighted sums), so each lane does exactly that scalar
 //! arithmetic: results are bit-identical to the per-row loops (hence to decode, and to kiln
 //! before these kernels) at every instruction-set level and whatever the blocking.
 
-use crate::attn_tile::Tile;
+use crate::attention::tile::Tile;
 use crate::level::CpuLevel;
 
 /// Query vectors per register block.
@@ -129,7 +129,7 @@ struct ScoreArgs<'a> {
 /// vectors at once, weighted-sum chunks `W` head elements wide.
 trait Kernels<const S: usize, const RS: usize, const W: usize> {
     /// `out[r][l]` = score of query `qs[r]` (a `head_dim` row) against column `j0 + l` of `kt`
-    /// (`l < S`), unscaled, in [`crate::attn_tile`]'s order: eight running sums over `d mod 8`,
+    /// (`l < S`), unscaled, in [`crate::attention::tile`]'s order: eight running sums over `d mod 8`,
     /// added up in order, then the `head_dim mod 8` tail.
     fn strip(qs: [&[f32]; RS], kt: &[f32], ld: usize, j0: usize) -> [[f32; S]; RS];
     /// `out_r[d0 + l] += Σ_j ws[r][j] · row_j[d0 + l]` for `l < W`, in order of `j`, for the
@@ -413,7 +413,7 @@ fn weighted_body<K: Kernels<S, RS, W>, const S: usize, const RS: usize, const W:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attn_tile::{tile_scores, tile_weighted_sum};
+    use crate::attention::tile::{tile_scores, tile_weighted_sum};
     use crate::level::supported_levels;
     use crate::testutil::noise;
 

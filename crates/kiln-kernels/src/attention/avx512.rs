@@ -6,7 +6,7 @@
 //! - Weighted sums: `out_h += w_hj · row_j`, row after row, with the heads' outputs held in
 //!   registers across the whole tile instead of loaded and stored for every row.
 
-use crate::attn_tile::Tile;
+use crate::attention::tile::Tile;
 use std::arch::x86_64::*;
 
 /// Rows per block of the score loop.
@@ -27,7 +27,7 @@ pub(crate) fn scores_fit(head_dim: usize) -> bool {
 ///
 /// # Safety
 /// The CPU must support AVX-512F; `scores_fit(t.head_dim)`; the caller has checked the sizes
-/// (`attn_tile::check`).
+/// (`tile::check`).
 #[target_feature(enable = "avx512f,avx2")]
 pub(crate) unsafe fn scores(
     q: &[f32],
@@ -82,7 +82,7 @@ pub(crate) unsafe fn scores(
 /// `false` (nothing done) for a head width other than 64 or 128.
 ///
 /// # Safety
-/// The CPU must support AVX-512F; the caller has checked the sizes (`attn_tile::check`).
+/// The CPU must support AVX-512F; the caller has checked the sizes (`tile::check`).
 #[target_feature(enable = "avx512f,avx2")]
 pub(crate) unsafe fn weighted(
     w: &[f32],

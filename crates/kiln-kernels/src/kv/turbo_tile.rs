@@ -126,7 +126,7 @@ fn rows_of<const D: usize>(codec: &TurboCodec, rows: &[u8], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvquant::{TURBO_DIMS, check_tiles_against_rows};
+    use crate::kv::{TURBO_DIMS, check_tiles_against_rows};
 
     /// Every level decodes a tile exactly as `dequantize_rotated` decodes each of its rows, for
     /// every width and row size, zero and huge norms and rows of random bytes included. On a

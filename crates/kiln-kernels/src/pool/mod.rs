@@ -10,6 +10,8 @@
 //! remaining tasks are skipped, and once no thread is inside the closure any more the first
 //! panic is re-raised on the caller (as `std::thread::scope` does). The pool stays usable.
 
+mod task_ranges;
+
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -17,7 +19,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::task_ranges::TaskRanges;
+use crate::pool::task_ranges::TaskRanges;
 
 /// How long an idle worker spins before parking.
 const SPIN: Duration = Duration::from_micros(200);

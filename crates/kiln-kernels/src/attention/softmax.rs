@@ -9,7 +9,7 @@ pub fn exp_shifted_in_place(s: &mut [f32], max: f32) -> f32 {
 }
 
 /// The body of [`exp_shifted_in_place`], inlined into each instruction-set variant
-/// (`attn_tile::exp_shifted_in_place_at`).
+/// (`tile::exp_shifted_in_place_at`).
 #[inline(always)]
 pub(crate) fn exp_shifted_lanes(s: &mut [f32], max: f32) -> f32 {
     let mut sum = [0f32; 8];

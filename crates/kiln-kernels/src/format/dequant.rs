@@ -2,10 +2,10 @@
 //! order of every formula matches ggml's reference (`d * q + m`, no fused multiply-add), so
 //! the output is bit-identical to ggml / gguf-py.
 
-use crate::blocks::*;
-use crate::dequant_k;
 use crate::error::{KernelError, Result};
-use crate::types::GgmlType;
+use crate::format::blocks::*;
+use crate::format::dequant_k;
+use crate::format::types::GgmlType;
 
 /// Dequantizes one row of `dst.len()` elements of type `ty` from `src`, which must be exactly
 /// `ty.row_bytes(dst.len())` bytes.

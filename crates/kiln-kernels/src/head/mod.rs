@@ -1,0 +1,6 @@
+//! The output head: quantized weights against activations that are not rounded to 8 bits,
+//! since its logits feed the sampler directly. [`f32_acts`] keeps the activations in f32 on
+//! any layout; [`i16_acts`] rounds them to 16 bits for a repacked Q8_0 head.
+
+pub mod f32_acts;
+pub mod i16_acts;
