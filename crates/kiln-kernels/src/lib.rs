@@ -9,7 +9,7 @@
 //! [`quantize`] (the activations' 8-bit formats), [`encode`] (weights into ggml blocks), [`dot`]
 //! (one weight row against activations, per instruction-set level), [`matmul`](mod@matmul) (the driver and
 //! prefill's token tiles), [`repack`] (Q4_1 / Q5_0 / Q8_0 and Q4_K / Q6_K rearranged 16 rows at
-//! a time for the AVX-512 VNNI kernels), [`head`] (the output head with unrounded activations),
+//! a time for the AVX2 and AVX-512 VNNI kernels), [`head`] (the output head with unrounded activations),
 //! [`attention`] (the attention loops), [`kv`] (the quantized KV cache's row codecs and the
 //! f16 / bf16 conversions of a dense 16-bit cache), [`pool`] (the persistent workers) and
 //! [`arena`] (weights on huge pages, which decode's bandwidth-bound stream needs).

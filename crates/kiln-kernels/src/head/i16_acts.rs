@@ -81,7 +81,7 @@ pub fn matmul_repacked_q16(
     matmul_repacked_q16_at(crate::cpu_level(), w, x, n_tokens, out, scratch)
 }
 
-/// [`matmul_repacked_q16`] at an explicit level (clamped to the hardware); below AVX-512 it
+/// [`matmul_repacked_q16`] at an explicit level (clamped to the hardware); below AVX2 it
 /// runs the scalar reference on the rows unpacked to the file layout (tests only). Only Q8_0
 /// weights are accepted.
 pub fn matmul_repacked_q16_at(
@@ -106,7 +106,7 @@ pub fn matmul_repacked_q16_at(
     let rows = w.rows();
     crate::repack::par_groups(rows, n_tokens, out, &|g, ts, buf| {
         #[cfg(target_arch = "x86_64")]
-        if level >= CpuLevel::Avx512 {
+        if level >= CpuLevel::Avx2 {
             let blocks = w.group(g).as_chunks::<{ crate::repack::Q8_0X16_BYTES }>().0;
             macro_rules! arms {
                 ($($n:literal)*) => {
@@ -115,8 +115,15 @@ pub fn matmul_repacked_q16_at(
                             let x: [&[i16]; $n] = std::array::from_fn(|k| acts.row(ts.start + k).0);
                             let d: [&[f32]; $n] = std::array::from_fn(|k| acts.row(ts.start + k).1);
                             let out = buf.first_chunk_mut::<$n>().expect("tile <= TOKEN_TILE");
-                            // SAFETY: the level is clamped to the hardware, which has AVX-512.
-                            unsafe { crate::dot::avx512::q8_0x16_q16::<$n>(blocks, x, d, out) };
+                            // SAFETY: the level is clamped to the hardware, which has this
+                            // level's features.
+                            unsafe {
+                                if level >= CpuLevel::Avx512 {
+                                    crate::dot::avx512::q8_0x16_q16::<$n>(blocks, x, d, out)
+                                } else {
+                                    crate::dot::avx2::q8_0x16_q16::<$n>(blocks, x, d, out)
+                                }
+                            };
                         })*
                         _ => {}
                     }
@@ -206,9 +213,14 @@ mod tests {
             .unwrap();
             // Σ|terms| ≤ cols · 128 · 0.05 · 10.
             let mag = cols as f32 * 64.0;
+            let mut simd: Option<Vec<f32>> = None;
             for level in supported_levels() {
                 let mut got = vec![0f32; tokens * rows];
                 matmul_repacked_q16_at(level, &w, &x, tokens, &mut got, &mut scratch).unwrap();
+                if level >= CpuLevel::Avx2 {
+                    let first = simd.get_or_insert_with(|| got.clone());
+                    assert_eq!(first.as_slice(), got.as_slice(), "{level:?} vs AVX2");
+                }
                 for (i, ((g, r), e)) in got.iter().zip(&reference).zip(&exact).enumerate() {
                     assert!((g - r).abs() <= 1e-5 * mag, "{level:?} {i}: {g} vs {r}");
                     // 16-bit rounding: half a step of max|x|/32767 per value.

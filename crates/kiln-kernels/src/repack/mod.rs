@@ -1,7 +1,8 @@
 //! Weights repacked at load into groups of [`GROUP_ROWS`] rows, block by block, for the
 //! AVX-512 VNNI kernels that compute 16 rows per instruction (`dot/avx512/repack.rs`): the
 //! 32-bit lanes of a vector are the 16 rows, so one broadcast activation word meets four codes
-//! of every row.
+//! of every row. The AVX2 kernels (`dot/avx2/repack.rs`) read the same layout as two halves of
+//! eight rows, one 256-bit vector each.
 //!
 //! A group block is 16 file blocks (one per row, same position along the row) rearranged; in
 //! every layout, code vector `i` (64 bytes) holds codes `4i..4i + 4` of row `k` in lane `k`:
@@ -156,7 +157,7 @@ impl RepackedMatrix {
     /// hardware). Other levels can still run a repacked matrix, through the scalar reference.
     pub fn worthwhile(level: CpuLevel, ty: GgmlType) -> bool {
         cfg!(target_arch = "x86_64")
-            && level.clamp_to_hardware() >= CpuLevel::Avx512
+            && level.clamp_to_hardware() >= CpuLevel::Avx2
             && file_block_bytes(ty).is_some()
     }
 
@@ -277,7 +278,7 @@ pub fn matmul_repacked(
     matmul_repacked_at(crate::cpu_level(), w, x, n_tokens, out, scratch)
 }
 
-/// [`matmul_repacked`] at an explicit level (clamped to the hardware); below AVX-512 every
+/// [`matmul_repacked`] at an explicit level (clamped to the hardware); below AVX2 every
 /// dot goes through the scalar row kernel on the row unpacked back to the file layout — the
 /// reference the kernel is tested against, far too slow for real use.
 pub fn matmul_repacked_at(
@@ -446,6 +447,69 @@ fn q8_0_row(acts: &QuantizedActivations, t: usize) -> &[BlockQ8_0] {
     }
 }
 
+/// One arm per tile width of a 32-value kernel of `crate::dot::$m` (the same names and
+/// signatures at AVX2 and AVX-512).
+#[cfg(target_arch = "x86_64")]
+macro_rules! arms {
+    ($m:ident, $kernel:ident, $rows:ident, $B:expr, ($group:expr, $acts:expr, $ts:expr, $buf:expr); $($n:literal)*) => {
+        {
+            let (ts, buf) = ($ts, $buf);
+            match ts.len() {
+                $($n => {
+                    let rows: [_; $n] = std::array::from_fn(|k| $rows($acts, ts.start + k));
+                    let sums: [&[f32]; $n] = std::array::from_fn(|k| {
+                        $acts.row_block_sums(ts.start + k).unwrap_or(&[])
+                    });
+                    let out = buf.first_chunk_mut::<$n>().expect("tile <= TOKEN_TILE");
+                    let blocks = $group.as_chunks::<{ $B }>().0;
+                    // SAFETY: the level is clamped to the hardware, which has the features of
+                    // level `$m`.
+                    unsafe { crate::dot::$m::$kernel::<$n>(blocks, rows, sums, out) };
+                })*
+                _ => {}
+            }
+        }
+    };
+}
+
+/// As [`arms`] for the K-quant kernels, which take the minimums' sums from the Q8_K blocks.
+#[cfg(target_arch = "x86_64")]
+macro_rules! k_arms {
+    ($m:ident, $kernel:ident, $B:expr, ($group:expr, $acts:expr, $ts:expr, $buf:expr); $($n:literal)*) => {
+        {
+            let (ts, buf) = ($ts, $buf);
+            match ts.len() {
+                $($n => {
+                    let rows: [_; $n] = std::array::from_fn(|k| q8_k_row($acts, ts.start + k));
+                    let out = buf.first_chunk_mut::<$n>().expect("tile <= TOKEN_TILE");
+                    let blocks = $group.as_chunks::<{ $B }>().0;
+                    // SAFETY: as for `arms`.
+                    unsafe { crate::dot::$m::$kernel::<$n>(blocks, rows, out) };
+                })*
+                _ => {}
+            }
+        }
+    };
+}
+
+/// The body of [`group_tile`] at the x86 level `$m` (`avx2` or `avx512`).
+#[cfg(target_arch = "x86_64")]
+macro_rules! x86_group_tile {
+    ($m:ident, $w:expr, $g:expr, $acts:expr, $ts:expr, $buf:expr) => {{
+        let (w, acts, ts, buf) = ($w, $acts, $ts, $buf);
+        let group = w.group($g);
+        let c = (group, acts, ts, buf);
+        match w.ty {
+            GgmlType::Q4_K => k_arms!($m, q4_kx16_q8_k, Q4_KX16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
+            GgmlType::Q6_K => k_arms!($m, q6_kx16_q8_k, Q6_KX16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
+            GgmlType::Q4_1 => arms!($m, q4_1x16_q8_1, q8_1_row, Q4_1X16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
+            GgmlType::Q8_0 => arms!($m, q8_0x16_q8_0, q8_0_row, Q8_0X16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
+            GgmlType::Q5_0 => arms!($m, q5_0x16_q8_0, q8_0_row, Q5_0X16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
+            _ => {}
+        }
+    }};
+}
+
 /// One group against the tokens `ts` (at most [`TOKEN_TILE`]): `buf[k][i]` = row
 /// `16g + i`, token `ts.start + k`.
 fn group_tile(
@@ -457,48 +521,11 @@ fn group_tile(
     buf: &mut [[f32; GROUP_ROWS]; TOKEN_TILE],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if level >= CpuLevel::Avx512 {
-        use crate::dot::avx512;
-        let group = w.group(g);
-        macro_rules! arms {
-            ($kernel:ident, $rows:ident, $B:expr; $($n:literal)*) => {
-                match ts.len() {
-                    $($n => {
-                        let rows: [_; $n] = std::array::from_fn(|k| $rows(acts, ts.start + k));
-                        let sums: [&[f32]; $n] = std::array::from_fn(|k| {
-                            acts.row_block_sums(ts.start + k).unwrap_or(&[])
-                        });
-                        let out = buf.first_chunk_mut::<$n>().expect("tile <= TOKEN_TILE");
-                        let blocks = group.as_chunks::<{ $B }>().0;
-                        // SAFETY: the level is clamped to the hardware, which has AVX-512.
-                        unsafe { avx512::$kernel::<$n>(blocks, rows, sums, out) };
-                    })*
-                    _ => {}
-                }
-            };
-        }
-        // The K-quant kernels take the minimums' sums from the Q8_K blocks themselves.
-        macro_rules! k_arms {
-            ($kernel:ident, $B:expr; $($n:literal)*) => {
-                match ts.len() {
-                    $($n => {
-                        let rows: [_; $n] = std::array::from_fn(|k| q8_k_row(acts, ts.start + k));
-                        let out = buf.first_chunk_mut::<$n>().expect("tile <= TOKEN_TILE");
-                        let blocks = group.as_chunks::<{ $B }>().0;
-                        // SAFETY: the level is clamped to the hardware, which has AVX-512.
-                        unsafe { avx512::$kernel::<$n>(blocks, rows, out) };
-                    })*
-                    _ => {}
-                }
-            };
-        }
-        match w.ty {
-            GgmlType::Q4_K => k_arms!(q4_kx16_q8_k, Q4_KX16_BYTES; 1 2 3 4 5 6 7 8),
-            GgmlType::Q6_K => k_arms!(q6_kx16_q8_k, Q6_KX16_BYTES; 1 2 3 4 5 6 7 8),
-            GgmlType::Q4_1 => arms!(q4_1x16_q8_1, q8_1_row, Q4_1X16_BYTES; 1 2 3 4 5 6 7 8),
-            GgmlType::Q8_0 => arms!(q8_0x16_q8_0, q8_0_row, Q8_0X16_BYTES; 1 2 3 4 5 6 7 8),
-            GgmlType::Q5_0 => arms!(q5_0x16_q8_0, q8_0_row, Q5_0X16_BYTES; 1 2 3 4 5 6 7 8),
-            _ => {}
+    if level >= CpuLevel::Avx2 {
+        if level >= CpuLevel::Avx512 {
+            x86_group_tile!(avx512, w, g, acts, ts, buf);
+        } else {
+            x86_group_tile!(avx2, w, g, acts, ts, buf);
         }
         return;
     }
@@ -625,13 +652,16 @@ mod tests {
             CpuLevel::Avx512,
             GgmlType::Q5_K
         ));
-        assert!(!RepackedMatrix::worthwhile(CpuLevel::Avx2, GgmlType::Q8_0));
+        assert!(!RepackedMatrix::worthwhile(
+            CpuLevel::Scalar,
+            GgmlType::Q8_0
+        ));
     }
 
     /// Every type, level, tile width and a ragged last group agree with the scalar reference
     /// within float rounding, and with the row kernels on the file layout within that (plus,
     /// for Q4_1, the f16 rounding of their `s`); decode (one token) and prefill agree to the
-    /// bit.
+    /// bit, and so do the AVX2 and AVX-512 kernels.
     #[test]
     fn repacked_matmul_matches_the_scalar_row_kernel() {
         let shapes = [(48, 576, 13), (21, 64, 8), (16, 32, 1), (35, 1536, 3)];
@@ -662,9 +692,16 @@ mod tests {
                 &mut scratch,
             )
             .unwrap();
+            let mut simd: Option<Vec<f32>> = None;
             for level in supported_levels() {
                 let mut got = vec![0f32; tokens * rows];
                 matmul_repacked_at(level, &w, &x, tokens, &mut got, &mut scratch).unwrap();
+                // The AVX2 and AVX-512 kernels make the same float steps on the same exact
+                // integer sums.
+                if level >= CpuLevel::Avx2 {
+                    let first = simd.get_or_insert_with(|| got.clone());
+                    assert_eq!(first.as_slice(), got.as_slice(), "{ty:?} {level:?} vs AVX2");
+                }
                 for (i, (g, e)) in got.iter().zip(&reference).enumerate() {
                     assert!((g - e).abs() <= rounding, "{ty:?} {level:?} {i}: {g} {e}");
                 }

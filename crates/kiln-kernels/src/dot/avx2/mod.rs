@@ -4,19 +4,27 @@
 //!
 //! `legacy` holds the 32-element block types and the float types, `kquant` the 256-element
 //! K-quants (Q2_K..Q6_K × Q8_K); `tile` and `tile_k` the token tiles of prefill (one weight
-//! row against several tokens) for Q4_1, Q5_0, Q8_0, Q4_K and Q6_K.
+//! row against several tokens) for Q4_1, Q5_0, Q8_0, Q4_K and Q6_K; `repack` and `repack_k`
+//! the kernels of the 16-row repacked layout ([`crate::repack`]) for Q4_1 / Q8_0 / Q5_0 and
+//! Q4_K / Q6_K, and `head16` the 16-bit head on it.
 //!
 //! Safety: every function here requires the CPU to support avx2, fma and f16c
 //! (i.e. [`crate::CpuLevel::Avx2`] or higher). Loads stay inside the fixed-size block
 //! arrays they are given, so no length precondition exists beyond that.
 
+mod head16;
 mod kquant;
 mod legacy;
+mod repack;
+mod repack_k;
 mod tile;
 mod tile_k;
 
+pub use head16::*;
 pub use kquant::*;
 pub use legacy::*;
+pub use repack::*;
+pub use repack_k::*;
 pub use tile::*;
 pub use tile_k::*;
 
