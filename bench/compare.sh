@@ -18,7 +18,7 @@ shell_word() {
     else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
 }
 CMDLINE=""
-for v in KILN_BIN LLAMA_BENCH MODEL ROUNDS THREADS REPS PP TG DEPTH KV_DTYPE; do
+for v in KILN_CPU_LEVEL KILN_BIN LLAMA_BENCH MODEL ROUNDS THREADS REPS PP TG DEPTH KV_DTYPE; do
     if [[ -n "${!v:-}" ]]; then CMDLINE+="$v=$(shell_word "${!v}") "; fi
 done
 CMDLINE+="$(shell_word "$0")"
@@ -147,6 +147,11 @@ if [[ "$GIT_COMMIT" != unknown && -n "$(git -C "$ROOT" status --porcelain --untr
 fi
 CPU_MODEL="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)"
 CPU_MODEL="${CPU_MODEL:-unknown} ($(nproc 2>/dev/null || echo '?') logical CPUs)"
+# The instruction-set flags the kernels of both engines choose by, and kiln's forced level.
+CPU_FLAGS="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | tr ' ' '\n' \
+    | grep -E '^(avx|avx2|fma|f16c|avx_vnni|avx512(f|bw|vl|dq|_vnni|_bf16|vnni|bf16|_fp16)|amx_[a-z0-9]+)$' \
+    | paste -sd ' ' - || true)"
+CPU_FLAGS="${CPU_FLAGS:-unknown}; kiln level: ${KILN_CPU_LEVEL:-native}"
 KILN_VERSION="$("$KILN_BIN" --version 2>/dev/null | head -n 1 || true)"
 # llama-bench --version prints "version: N (commit)" and "built with ..." to stderr.
 LLAMA_VERSION="$("$LLAMA_BENCH" --version 2>&1 | grep -E '^(version|built with)' | paste -sd ';' - | sed 's/;/; /' || true)"
@@ -256,6 +261,7 @@ out.append(f'llama.cpp: {lv}' + (f' (llama-bench JSON: build_commit {", ".join(b
 if env.get("LLAMA_SOURCE"):
     out.append(f'llama.cpp source: {env["LLAMA_SOURCE"]}  ')
 out.append(f'CPU: {env["CPU_MODEL"]}  ')
+out.append(f'CPU flags: {env["CPU_FLAGS"]}  ')
 out.append(f'Binaries: `{env["KILN_BIN"]}`, `{env["LLAMA_BENCH"]}`  ')
 out.append(f'Runs: {env["ROUNDS"]} alternating round(s) x {env["REPS"]} repetition(s) per engine run; '
            f'threads {", ".join(map(str, threads))}; KV cache (as the engines report it): '
@@ -287,7 +293,7 @@ if missing:
 PY
 }
 
-export KILN_BIN LLAMA_BENCH MODEL ROUNDS REPS PP TG DEPTH KV_DTYPE CMDLINE DATE GIT_COMMIT KILN_VERSION LLAMA_VERSION LLAMA_SOURCE CPU_MODEL LOAD_START LOAD_END
+export KILN_BIN LLAMA_BENCH MODEL ROUNDS REPS PP TG DEPTH KV_DTYPE CMDLINE DATE GIT_COMMIT KILN_VERSION LLAMA_VERSION LLAMA_SOURCE CPU_MODEL CPU_FLAGS LOAD_START LOAD_END
 export THREADS="${THREAD_LIST[*]}"
 if [[ -n "$OUTPUT" ]]; then
     report | tee "$OUTPUT"

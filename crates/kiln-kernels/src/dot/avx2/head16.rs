@@ -29,6 +29,12 @@ pub fn q8_0x16_q16<const N: usize>(
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
     for (b, g) in w[..nb].iter().enumerate() {
         let base = g.as_ptr();
+        if N == 1 {
+            super::repack::prefetch(
+                base.wrapping_add(super::repack::PREFETCH_AHEAD),
+                Q8_0X16_BYTES,
+            );
+        }
         for h in 0..2 {
             // SAFETY: (this load and the ones below) scales at 0..32 and the eight code
             // vectors at 32..544 of the group block; half `h` reads its 16 or 32 bytes.

@@ -38,6 +38,9 @@ pub fn q4_1x16_q8_1<const N: usize>(
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
     for (b, g) in w[..nb].iter().enumerate() {
         let base = g.as_ptr();
+        if N == 1 {
+            prefetch(base.wrapping_add(PREFETCH_AHEAD), Q4_1X16_BYTES);
+        }
         for h in 0..2 {
             // SAFETY: scales at 0..32, minimums at 32..64 and the four code vectors at
             // 64..320 of the 320-byte group block; half `h` reads its 16 or 32 bytes of each.
@@ -82,6 +85,9 @@ pub fn q8_0x16_q8_0<const N: usize>(
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
     for (b, g) in w[..nb].iter().enumerate() {
         let base = g.as_ptr();
+        if N == 1 {
+            prefetch(base.wrapping_add(PREFETCH_AHEAD), Q8_0X16_BYTES);
+        }
         for h in 0..2 {
             // SAFETY: scales at 0..32 and eight 64-byte code vectors at 32..544 of the
             // 544-byte group block; half `h` reads 16 bytes of scales and 32 of each vector.
@@ -133,6 +139,9 @@ pub fn q5_0x16_q8_0<const N: usize>(
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
     for (b, g) in w[..nb].iter().enumerate() {
         let base = g.as_ptr();
+        if N == 1 {
+            prefetch(base.wrapping_add(PREFETCH_AHEAD), Q5_0X16_BYTES);
+        }
         for h in 0..2 {
             // SAFETY: scales at 0..32, eight 8-byte masks at 32..96 and four nibble vectors
             // at 96..352 of the 352-byte group block; half `h` reads its part of each.
@@ -216,5 +225,20 @@ pub(super) fn store<const N: usize>(acc: &[[__m256; 2]; N], out: &mut [[f32; 16]
             _mm256_storeu_ps(out.as_mut_ptr(), acc[0]);
             _mm256_storeu_ps(out.as_mut_ptr().add(8), acc[1]);
         }
+    }
+}
+
+/// How far ahead of the block being multiplied a one-token call asks for its weights: on a
+/// Zen 3 VM decode ran 10–20% faster with it (any distance from 768 to 3,072 bytes alike);
+/// with several tokens the weights come from cache and the hint would only cost instructions.
+pub(super) const PREFETCH_AHEAD: usize = 1536;
+
+/// Asks for the cache lines of `bytes` from `at` (an address past the matrix is harmless: a
+/// prefetch never faults).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn prefetch(at: *const u8, bytes: usize) {
+    for line in 0..bytes.div_ceil(64) {
+        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line).cast());
     }
 }

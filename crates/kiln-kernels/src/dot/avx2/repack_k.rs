@@ -8,7 +8,7 @@
 // The half index `h` addresses the weights' bytes as well as the accumulators.
 #![allow(clippy::needless_range_loop)]
 
-use super::repack::{block_pairs, nibble_codes, store};
+use super::repack::{block_pairs, nibble_codes, prefetch, store};
 use crate::format::blocks::BlockQ8K;
 use crate::repack::kquant::{
     Q4_K_CODES_AT, Q4_KX16_BYTES, Q6_K_CODES_AT, Q6_K_PIECE_BYTES, Q6_K_SCALES_AT, Q6_KX16_BYTES,
@@ -43,6 +43,9 @@ pub fn q4_kx16_q8_k<const N: usize>(
                 let raw =
                     _mm256_cvtepu8_epi32(_mm_loadl_epi64(base.add(64 + 16 * p + 8 * h).cast()));
                 let piece = base.add(Q4_K_CODES_AT + 256 * p + 32 * h);
+                if h == 0 {
+                    prefetch(piece.wrapping_add(K_PREFETCH_AHEAD), 256);
+                }
                 (
                     pair_of(_mm256_and_si256(raw, low6)),
                     nibble_codes(piece, m4),
@@ -87,6 +90,10 @@ pub fn q4_kx16_q8_k<const N: usize>(
     }
     store(&acc, out);
 }
+
+/// How far ahead of the piece being multiplied the K-quant kernels ask for their weights, as
+/// the AVX-512 kernels do.
+const K_PREFETCH_AHEAD: usize = 2048;
 
 /// Each 32-bit lane's low 16 bits copied into its high 16 bits: a per-row multiplier for
 /// `vpmaddwd` against 16-bit pair sums.
@@ -158,6 +165,9 @@ pub fn q6_kx16_q8_k<const N: usize>(
                     _mm256_cvtepi8_epi32(_mm_loadl_epi64(at.cast()))
                 };
                 let piece = base.add(Q6_K_CODES_AT + Q6_K_PIECE_BYTES * p);
+                if h == 0 {
+                    prefetch(piece.wrapping_add(K_PREFETCH_AHEAD), Q6_K_PIECE_BYTES);
+                }
                 (sc(2 * p), sc(2 * p + 1), q6_k_codes(piece, h, m4))
             };
             let (lo_pair, hi_pair) = (pair_of(sc_lo), pair_of(sc_hi));
