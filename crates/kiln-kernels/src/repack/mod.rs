@@ -9,6 +9,8 @@
 //! - Q4_1 ([`Q4_1X16_BYTES`]): 16 f16 scales, 16 f16 minimums, then four nibble vectors; lane
 //!   `k` of vector `j` is bytes `4j..4j + 4` of row `k`'s packed nibbles, whose low nibbles are
 //!   codes `4j..` and high nibbles codes `16 + 4j..`.
+//! - Q4_0 ([`Q4_0X16_BYTES`]): 16 f16 scales, then four nibble vectors as for Q4_1; codes are
+//!   `w + 8`.
 //! - Q8_0 ([`Q8_0X16_BYTES`]): 16 f16 scales, then eight code vectors of `w + 128` (unsigned).
 //! - Q5_0 ([`Q5_0X16_BYTES`]): 16 f16 scales, eight 64-bit masks (bit `4k + b` of mask `i` is
 //!   row `k`'s 5th bit of code `4i + b`), then four nibble vectors as for Q4_1; codes are
@@ -30,7 +32,8 @@ use crate::arena::WeightBuf;
 use crate::dot::dot_unchecked;
 use crate::error::{KernelError, Result};
 use crate::format::blocks::{
-    BlockQ8_0, BlockQ8_1, BlockQ8K, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+    BlockQ8_0, BlockQ8_1, BlockQ8K, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES,
+    Q8_0_BYTES,
 };
 use crate::format::types::GgmlType;
 use crate::level::CpuLevel;
@@ -44,6 +47,8 @@ use std::ops::Range;
 pub const GROUP_ROWS: usize = 16;
 /// Bytes of one Q4_1 group block: 16 scales, 16 minimums, 256 code bytes.
 pub const Q4_1X16_BYTES: usize = GROUP_ROWS * Q4_1_BYTES;
+/// Bytes of one Q4_0 group block: 16 scales, 256 code bytes.
+pub const Q4_0X16_BYTES: usize = GROUP_ROWS * Q4_0_BYTES;
 /// Bytes of one Q8_0 group block: 16 scales, 512 code bytes.
 pub const Q8_0X16_BYTES: usize = GROUP_ROWS * Q8_0_BYTES;
 /// Bytes of one Q5_0 group block: 16 scales, 64 mask bytes, 256 nibble bytes.
@@ -52,6 +57,7 @@ pub const Q5_0X16_BYTES: usize = GROUP_ROWS * Q5_0_BYTES;
 /// Bytes of one file block of a repackable type.
 fn file_block_bytes(ty: GgmlType) -> Option<usize> {
     match ty {
+        GgmlType::Q4_0 => Some(Q4_0_BYTES),
         GgmlType::Q4_1 => Some(Q4_1_BYTES),
         GgmlType::Q8_0 => Some(Q8_0_BYTES),
         GgmlType::Q5_0 => Some(Q5_0_BYTES),
@@ -73,6 +79,12 @@ fn pack(ty: GgmlType, k: usize, blk: &[u8], dst: &mut [u8]) {
     }
     dst[2 * k..2 * k + 2].copy_from_slice(&blk[0..2]);
     match ty {
+        GgmlType::Q4_0 => {
+            for j in 0..4 {
+                let at = 32 + 64 * j + 4 * k;
+                dst[at..at + 4].copy_from_slice(&blk[2 + 4 * j..6 + 4 * j]);
+            }
+        }
         GgmlType::Q4_1 => {
             dst[32 + 2 * k..32 + 2 * k + 2].copy_from_slice(&blk[2..4]);
             for j in 0..4 {
@@ -114,6 +126,12 @@ fn unpack(ty: GgmlType, k: usize, src: &[u8], out: &mut [u8]) {
     }
     out[0..2].copy_from_slice(&src[2 * k..2 * k + 2]);
     match ty {
+        GgmlType::Q4_0 => {
+            for j in 0..4 {
+                let at = 32 + 64 * j + 4 * k;
+                out[2 + 4 * j..6 + 4 * j].copy_from_slice(&src[at..at + 4]);
+            }
+        }
         GgmlType::Q4_1 => {
             out[2..4].copy_from_slice(&src[32 + 2 * k..32 + 2 * k + 2]);
             for j in 0..4 {
@@ -502,6 +520,8 @@ macro_rules! x86_group_tile {
         match w.ty {
             GgmlType::Q4_K => k_arms!($m, q4_kx16_q8_k, Q4_KX16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
             GgmlType::Q6_K => k_arms!($m, q6_kx16_q8_k, Q6_KX16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
+            // No 512-bit kernel: the AVX2 one runs at both levels.
+            GgmlType::Q4_0 => arms!(avx2, q4_0x16_q8_0, q8_0_row, Q4_0X16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
             GgmlType::Q4_1 => arms!($m, q4_1x16_q8_1, q8_1_row, Q4_1X16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
             GgmlType::Q8_0 => arms!($m, q8_0x16_q8_0, q8_0_row, Q8_0X16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
             GgmlType::Q5_0 => arms!($m, q5_0x16_q8_0, q8_0_row, Q5_0X16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
@@ -567,7 +587,8 @@ mod tests {
     use crate::level::supported_levels;
     use crate::matmul::matmul_at;
 
-    const TYPES: [GgmlType; 5] = [
+    const TYPES: [GgmlType; 6] = [
+        GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q8_0,
         GgmlType::Q5_0,
@@ -590,9 +611,13 @@ mod tests {
                     data.extend_from_slice(&m.to_le_bytes());
                     data.extend((0..16).map(|_| next() as u8));
                 }
-                GgmlType::Q8_0 | GgmlType::Q5_0 => {
+                GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => {
                     data.extend_from_slice(&scale(next(), 1.0).to_le_bytes());
-                    let n = if ty == GgmlType::Q8_0 { 32 } else { 20 };
+                    let n = match ty {
+                        GgmlType::Q8_0 => 32,
+                        GgmlType::Q5_0 => 20,
+                        _ => 16,
+                    };
                     data.extend((0..n).map(|_| next() as u8));
                 }
                 GgmlType::Q4_K => {

@@ -14,7 +14,7 @@
 
 use super::f16c;
 use crate::format::blocks::{BlockQ8_0, BlockQ8_1};
-use crate::repack::{Q4_1X16_BYTES, Q5_0X16_BYTES, Q8_0X16_BYTES};
+use crate::repack::{Q4_0X16_BYTES, Q4_1X16_BYTES, Q5_0X16_BYTES, Q8_0X16_BYTES};
 use std::arch::x86_64::*;
 
 /// Q4_1 weights of one 16-row group (`w`, one entry per block along the row) × `N` Q8_1
@@ -164,6 +164,52 @@ pub fn q5_0x16_q8_0<const N: usize>(
                 let s = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
                 // |Σq| < 2^12, so the f32 sum is an exact integer.
                 let s = _mm256_sub_epi32(s, _mm256_set1_epi32(16 * sums[t][b] as i32));
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(f16c(y.d)));
+                acc[t][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t][h]);
+            }
+        }
+    }
+    store(&acc, out);
+}
+
+/// Q4_0 weights of one 16-row group × `N` Q8_0 activation rows, as [`q5_0x16_q8_0`] without
+/// the fifth bits: codes `w + 8`, so `8·Σq` is taken off each block's integer sum. (No AVX-512
+/// kernel exists for Q4_0; this one runs at that level too.)
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn q4_0x16_q8_0<const N: usize>(
+    w: &[[u8; Q4_0X16_BYTES]],
+    a: [&[BlockQ8_0]; N],
+    sums: [&[f32]; N],
+    out: &mut [[f32; 16]; N],
+) {
+    let nb = a.iter().fold(w.len(), |n, r| n.min(r.len()));
+    let nb = sums.iter().fold(nb, |n, r| n.min(r.len()));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); 2]; N];
+    for (b, g) in w[..nb].iter().enumerate() {
+        let base = g.as_ptr();
+        if N == 1 {
+            prefetch(base.wrapping_add(PREFETCH_AHEAD), Q4_0X16_BYTES);
+        }
+        for h in 0..2 {
+            // SAFETY: scales at 0..32 and four nibble vectors at 32..288 of the 288-byte group
+            // block; half `h` reads its 16 or 32 bytes of each.
+            let (dw, v) = unsafe {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(base.add(16 * h).cast())),
+                    nibble_codes(base.add(32 + 32 * h), m4),
+                )
+            };
+            for t in 0..N {
+                let y = &a[t][b];
+                // |pair| ≤ 2·15·127: the eight pair sums fit in 16 bits.
+                let s = _mm256_madd_epi16(block_pairs(&v, &y.qs), ones);
+                // |Σq| < 2^12, so the f32 sum is an exact integer.
+                let s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * sums[t][b] as i32));
                 let d = _mm256_mul_ps(dw, _mm256_set1_ps(f16c(y.d)));
                 acc[t][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t][h]);
             }
