@@ -131,45 +131,20 @@ pub fn q5_0x16_q8_0<const N: usize>(
     sums: [&[f32]; N],
     out: &mut [[f32; 16]; N],
 ) {
-    let nb = a.iter().fold(w.len(), |n, r| n.min(r.len()));
-    let nb = sums.iter().fold(nb, |n, r| n.min(r.len()));
     let m4 = _mm256_set1_epi8(0x0F);
     let sixteen = _mm256_set1_epi8(16);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); 2]; N];
-    for (b, g) in w[..nb].iter().enumerate() {
-        let base = g.as_ptr();
-        if N == 1 {
-            prefetch(base.wrapping_add(PREFETCH_AHEAD), Q5_0X16_BYTES);
+    offset_codes_x16(w, 16, a, sums, out, |base, h| {
+        // SAFETY: eight 8-byte masks at 32..96 and four nibble vectors at 96..352 of the
+        // 352-byte group block; half `h` reads its part of each.
+        let mut v = unsafe { nibble_codes(base.add(96 + 32 * h), m4) };
+        for (i, v) in v.iter_mut().enumerate() {
+            // SAFETY: half `h` of mask `i`, inside 32..96.
+            let bits = unsafe { base.add(32 + 8 * i + 4 * h).cast::<u32>().read_unaligned() };
+            let high = _mm256_and_si256(super::bits_to_bytes(u32::from_le(bits)), sixteen);
+            *v = _mm256_or_si256(*v, high);
         }
-        for h in 0..2 {
-            // SAFETY: scales at 0..32, eight 8-byte masks at 32..96 and four nibble vectors
-            // at 96..352 of the 352-byte group block; half `h` reads its part of each.
-            let (dw, mut v) = unsafe {
-                (
-                    _mm256_cvtph_ps(_mm_loadu_si128(base.add(16 * h).cast())),
-                    nibble_codes(base.add(96 + 32 * h), m4),
-                )
-            };
-            for (i, v) in v.iter_mut().enumerate() {
-                // SAFETY: half `h` of mask `i`, inside 32..96.
-                let bits = unsafe { base.add(32 + 8 * i + 4 * h).cast::<u32>().read_unaligned() };
-                let high = _mm256_and_si256(super::bits_to_bytes(u32::from_le(bits)), sixteen);
-                *v = _mm256_or_si256(*v, high);
-            }
-            for t in 0..N {
-                let y = &a[t][b];
-                // |pair| ≤ 2·31·127: four pair sums fit in 16 bits, so two halves of four.
-                let (lo, hi) = block_pairs_halves(&v, &y.qs);
-                let s = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
-                // |Σq| < 2^12, so the f32 sum is an exact integer.
-                let s = _mm256_sub_epi32(s, _mm256_set1_epi32(16 * sums[t][b] as i32));
-                let d = _mm256_mul_ps(dw, _mm256_set1_ps(f16c(y.d)));
-                acc[t][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t][h]);
-            }
-        }
-    }
-    store(&acc, out);
+        v
+    })
 }
 
 /// Q4_0 weights of one 16-row group × `N` Q8_0 activation rows, as [`q5_0x16_q8_0`] without
@@ -185,31 +160,47 @@ pub fn q4_0x16_q8_0<const N: usize>(
     sums: [&[f32]; N],
     out: &mut [[f32; 16]; N],
 ) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    offset_codes_x16(w, 8, a, sums, out, |base, h| {
+        // SAFETY: four nibble vectors at 32..288 of the 288-byte group block; half `h` reads
+        // its 32 bytes of each.
+        unsafe { nibble_codes(base.add(32 + 32 * h), m4) }
+    })
+}
+
+/// Shared body of the offset-code kernels (Q5_0, Q4_0): `decode(block, h)` gives half `h`'s
+/// eight code vectors (codes `w + offset`, below 32); the scales are the block's first 32
+/// bytes. Four pair sums of such codes fit in 16 bits, so each block half is widened in two.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn offset_codes_x16<const B: usize, const N: usize>(
+    w: &[[u8; B]],
+    offset: i32,
+    a: [&[BlockQ8_0]; N],
+    sums: [&[f32]; N],
+    out: &mut [[f32; 16]; N],
+    decode: impl Fn(*const u8, usize) -> [__m256i; 8],
+) {
     let nb = a.iter().fold(w.len(), |n, r| n.min(r.len()));
     let nb = sums.iter().fold(nb, |n, r| n.min(r.len()));
-    let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
     for (b, g) in w[..nb].iter().enumerate() {
         let base = g.as_ptr();
         if N == 1 {
-            prefetch(base.wrapping_add(PREFETCH_AHEAD), Q4_0X16_BYTES);
+            prefetch(base.wrapping_add(PREFETCH_AHEAD), B);
         }
         for h in 0..2 {
-            // SAFETY: scales at 0..32 and four nibble vectors at 32..288 of the 288-byte group
-            // block; half `h` reads its 16 or 32 bytes of each.
-            let (dw, v) = unsafe {
-                (
-                    _mm256_cvtph_ps(_mm_loadu_si128(base.add(16 * h).cast())),
-                    nibble_codes(base.add(32 + 32 * h), m4),
-                )
-            };
+            // SAFETY: the 16 f16 scales are the first 32 bytes of every group block (B ≥ 32).
+            let dw = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(base.add(16 * h).cast())) };
+            let v = decode(base, h);
             for t in 0..N {
                 let y = &a[t][b];
-                // |pair| ≤ 2·15·127: the eight pair sums fit in 16 bits.
-                let s = _mm256_madd_epi16(block_pairs(&v, &y.qs), ones);
+                // |pair| ≤ 2·31·127: four pair sums fit in 16 bits, so two halves of four.
+                let (lo, hi) = block_pairs_halves(&v, &y.qs);
+                let s = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
                 // |Σq| < 2^12, so the f32 sum is an exact integer.
-                let s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * sums[t][b] as i32));
+                let s = _mm256_sub_epi32(s, _mm256_set1_epi32(offset * sums[t][b] as i32));
                 let d = _mm256_mul_ps(dw, _mm256_set1_ps(f16c(y.d)));
                 acc[t][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t][h]);
             }
