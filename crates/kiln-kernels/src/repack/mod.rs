@@ -32,15 +32,15 @@ use crate::arena::WeightBuf;
 use crate::dot::dot_unchecked;
 use crate::error::{KernelError, Result};
 use crate::format::blocks::{
-    BlockQ8_0, BlockQ8_1, BlockQ8K, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES,
-    Q8_0_BYTES,
+    BlockQ8_0, BlockQ8_1, BlockQ8K, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES,
+    Q6_K_BYTES, Q8_0_BYTES,
 };
 use crate::format::types::GgmlType;
 use crate::level::CpuLevel;
 use crate::matmul::tile::TOKEN_TILE;
 use crate::matmul::{QMatrix, check_len};
 use crate::quantize::{ActFormat, ActRow, QuantizedActivations};
-use kquant::{Q4_KX16_BYTES, Q6_KX16_BYTES};
+use kquant::{Q4_KX16_BYTES, Q5_KX16_BYTES, Q6_KX16_BYTES};
 use std::ops::Range;
 
 /// Rows per interleaved group.
@@ -62,6 +62,7 @@ fn file_block_bytes(ty: GgmlType) -> Option<usize> {
         GgmlType::Q8_0 => Some(Q8_0_BYTES),
         GgmlType::Q5_0 => Some(Q5_0_BYTES),
         GgmlType::Q4_K => Some(Q4_K_BYTES),
+        GgmlType::Q5_K => Some(Q5_K_BYTES),
         GgmlType::Q6_K => Some(Q6_K_BYTES),
         _ => None,
     }
@@ -74,6 +75,7 @@ const MAX_FILE_BLOCK: usize = Q6_K_BYTES;
 fn pack(ty: GgmlType, k: usize, blk: &[u8], dst: &mut [u8]) {
     match ty {
         GgmlType::Q4_K => return kquant::pack_q4_k(k, blk, dst),
+        GgmlType::Q5_K => return kquant::pack_q5_k(k, blk, dst),
         GgmlType::Q6_K => return kquant::pack_q6_k(k, blk, dst),
         _ => {}
     }
@@ -121,6 +123,7 @@ fn pack(ty: GgmlType, k: usize, blk: &[u8], dst: &mut [u8]) {
 fn unpack(ty: GgmlType, k: usize, src: &[u8], out: &mut [u8]) {
     match ty {
         GgmlType::Q4_K => return kquant::unpack_q4_k(k, src, out),
+        GgmlType::Q5_K => return kquant::unpack_q5_k(k, src, out),
         GgmlType::Q6_K => return kquant::unpack_q6_k(k, src, out),
         _ => {}
     }
@@ -519,6 +522,8 @@ macro_rules! x86_group_tile {
         let c = (group, acts, ts, buf);
         match w.ty {
             GgmlType::Q4_K => k_arms!($m, q4_kx16_q8_k, Q4_KX16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
+            // No 512-bit kernel: the AVX2 one runs at both levels.
+            GgmlType::Q5_K => k_arms!(avx2, q5_kx16_q8_k, Q5_KX16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
             GgmlType::Q6_K => k_arms!($m, q6_kx16_q8_k, Q6_KX16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
             // No 512-bit kernel: the AVX2 one runs at both levels.
             GgmlType::Q4_0 => arms!(avx2, q4_0x16_q8_0, q8_0_row, Q4_0X16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
@@ -587,12 +592,13 @@ mod tests {
     use crate::level::supported_levels;
     use crate::matmul::matmul_at;
 
-    const TYPES: [GgmlType; 6] = [
+    const TYPES: [GgmlType; 7] = [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q8_0,
         GgmlType::Q5_0,
         GgmlType::Q4_K,
+        GgmlType::Q5_K,
         GgmlType::Q6_K,
     ];
 
@@ -620,10 +626,11 @@ mod tests {
                     };
                     data.extend((0..n).map(|_| next() as u8));
                 }
-                GgmlType::Q4_K => {
+                GgmlType::Q4_K | GgmlType::Q5_K => {
                     data.extend_from_slice(&scale(next(), 64.0).to_le_bytes());
                     data.extend_from_slice(&scale(next(), 64.0).to_le_bytes());
-                    data.extend((0..140).map(|_| next() as u8));
+                    let n = if ty == GgmlType::Q4_K { 140 } else { 172 };
+                    data.extend((0..n).map(|_| next() as u8));
                 }
                 GgmlType::Q6_K => {
                     data.extend((0..208).map(|_| next() as u8));
@@ -636,6 +643,7 @@ mod tests {
             GgmlType::Q4_1 => 15.0 * 0.05 + 0.2,
             GgmlType::Q8_0 => 128.0 * 0.05,
             GgmlType::Q4_K => 0.05 / 64.0 * 63.0 * 16.0,
+            GgmlType::Q5_K => 0.05 / 64.0 * 63.0 * 32.0,
             GgmlType::Q6_K => 0.05 / 64.0 * 128.0 * 32.0,
             _ => 16.0 * 0.05,
         };
@@ -670,12 +678,12 @@ mod tests {
 
     #[test]
     fn other_types_do_not_repack() {
-        let data = vec![0u8; 176 * 16];
-        let q = QMatrix::new(GgmlType::Q5_K, 16, 256, &data).unwrap();
+        let data = vec![0u8; 110 * 16];
+        let q = QMatrix::new(GgmlType::Q3_K, 16, 256, &data).unwrap();
         assert!(RepackedMatrix::new(&q).is_err());
         assert!(!RepackedMatrix::worthwhile(
             CpuLevel::Avx512,
-            GgmlType::Q5_K
+            GgmlType::Q3_K
         ));
         assert!(!RepackedMatrix::worthwhile(
             CpuLevel::Scalar,

@@ -1,4 +1,4 @@
-//! AVX2 kernels for Q4_K and Q6_K weights repacked 16 rows at a time
+//! AVX2 kernels for Q4_K, Q5_K and Q6_K weights repacked 16 rows at a time
 //! ([`crate::repack::kquant`]), on the AVX-512 kernels' layout, one 8-row half per `ymm` (see
 //! `repack.rs` beside this file). A sub-block's 16-bit pair sums are multiplied by the rows'
 //! scales in the same `vpmaddwd` that widens them (each row's scale in both 16-bit halves of
@@ -8,10 +8,12 @@
 // The half index `h` addresses the weights' bytes as well as the accumulators.
 #![allow(clippy::needless_range_loop)]
 
-use super::repack::{block_pairs, nibble_codes, prefetch, store};
+use super::bits_to_bytes;
+use super::repack::{block_pairs, block_pairs_halves, nibble_codes, prefetch, store};
 use crate::format::blocks::BlockQ8K;
 use crate::repack::kquant::{
-    Q4_K_CODES_AT, Q4_KX16_BYTES, Q6_K_CODES_AT, Q6_K_PIECE_BYTES, Q6_K_SCALES_AT, Q6_KX16_BYTES,
+    Q4_K_CODES_AT, Q4_KX16_BYTES, Q5_K_PIECE_BYTES, Q5_KX16_BYTES, Q6_K_CODES_AT, Q6_K_PIECE_BYTES,
+    Q6_K_SCALES_AT, Q6_KX16_BYTES,
 };
 use std::arch::x86_64::*;
 
@@ -28,33 +30,78 @@ pub fn q4_kx16_q8_k<const N: usize>(
     a: [&[BlockQ8K]; N],
     out: &mut [[f32; 16]; N],
 ) {
+    k4_x16::<_, N, false>(w, a, out, 256);
+}
+
+/// Q5_K weights of one 16-row group × `N` Q8_K activation rows, as [`q4_kx16_q8_k`] with each
+/// code's fifth bit from the piece's masks. (No AVX-512 kernel exists for Q5_K; this one runs
+/// at that level too.)
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn q5_kx16_q8_k<const N: usize>(
+    w: &[[u8; Q5_KX16_BYTES]],
+    a: [&[BlockQ8K]; N],
+    out: &mut [[f32; 16]; N],
+) {
+    k4_x16::<_, N, true>(w, a, out, Q5_K_PIECE_BYTES);
+}
+
+/// Shared body of the Q4_K and Q5_K kernels: the 256-byte header of [`crate::repack::kquant`],
+/// then pieces of `piece_bytes` from byte 256, each four nibble vectors and, with `FIFTH`, the
+/// eight 64-bit masks of the codes' fifth bits after them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn k4_x16<const B: usize, const N: usize, const FIFTH: bool>(
+    w: &[[u8; B]],
+    a: [&[BlockQ8K]; N],
+    out: &mut [[f32; 16]; N],
+    piece_bytes: usize,
+) {
     let nb = a.iter().fold(w.len(), |n, r| n.min(r.len()));
     let m4 = _mm256_set1_epi8(0x0F);
+    let sixteen = _mm256_set1_epi8(16);
     let low6 = _mm256_set1_epi32(63);
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
     let mut isum = [[_mm256_setzero_si256(); 2]; N];
+    debug_assert!(B >= Q4_K_CODES_AT + 8 * piece_bytes);
     for i in 0..nb * 8 {
         let (b, p) = (i / 8, i % 8);
         let base = w[b].as_ptr();
         for h in 0..2 {
             // SAFETY: the half's scale bytes at 64 + 16p + 8h (inside 64..192); the piece's
-            // four code vectors at 256 + 256p.., inside the 2,304-byte group block.
+            // code vectors (and masks) at 256 + piece_bytes·p.., inside the group block.
             let (sc, v) = unsafe {
                 let raw =
                     _mm256_cvtepu8_epi32(_mm_loadl_epi64(base.add(64 + 16 * p + 8 * h).cast()));
-                let piece = base.add(Q4_K_CODES_AT + 256 * p + 32 * h);
+                let piece = base.add(Q4_K_CODES_AT + piece_bytes * p);
                 if h == 0 {
-                    prefetch(piece.wrapping_add(K_PREFETCH_AHEAD), 256);
+                    prefetch(piece.wrapping_add(K_PREFETCH_AHEAD), piece_bytes);
                 }
-                (
-                    pair_of(_mm256_and_si256(raw, low6)),
-                    nibble_codes(piece, m4),
-                )
+                let mut v = nibble_codes(piece.add(32 * h), m4);
+                if FIFTH {
+                    for (i, v) in v.iter_mut().enumerate() {
+                        let bits = piece
+                            .add(256 + 8 * i + 4 * h)
+                            .cast::<u32>()
+                            .read_unaligned();
+                        let high = _mm256_and_si256(bits_to_bytes(u32::from_le(bits)), sixteen);
+                        *v = _mm256_or_si256(*v, high);
+                    }
+                }
+                (pair_of(_mm256_and_si256(raw, low6)), v)
             };
             for t in 0..N {
                 let y = &a[t][b].qs.as_chunks::<32>().0[p];
-                // |pair| ≤ 2·15·127: the eight pair sums fit in 16 bits.
-                let s = _mm256_madd_epi16(block_pairs(&v, y), sc);
+                let s = if FIFTH {
+                    // |pair| ≤ 2·31·127: four pair sums fit in 16 bits, so two halves.
+                    let (lo, hi) = block_pairs_halves(&v, y);
+                    _mm256_add_epi32(_mm256_madd_epi16(lo, sc), _mm256_madd_epi16(hi, sc))
+                } else {
+                    // |pair| ≤ 2·15·127: the eight pair sums fit in 16 bits.
+                    _mm256_madd_epi16(block_pairs(&v, y), sc)
+                };
                 isum[t][h] = _mm256_add_epi32(isum[t][h], s);
             }
         }
