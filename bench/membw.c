@@ -45,8 +45,9 @@ static void *run(void *arg) {
 #endif
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 int main(int argc, char **argv) {
-    int T = atoi(argv[1]);
-    for (int t = 0; t < T; t++) { bufs[t] = aligned_alloc(2ul << 20, BYTES); if (getenv("HUGE")) madvise(bufs[t], BYTES, MADV_HUGEPAGE); memset(bufs[t], 1, BYTES); }
+    int T = argc == 2 ? atoi(argv[1]) : 0;
+    if (T < 1 || T > 8) { fprintf(stderr, "usage: %s THREADS (1 to 8)\n", argv[0]); return 2; }
+    for (int t = 0; t < T; t++) { bufs[t] = aligned_alloc(2ul << 20, BYTES); if (!bufs[t]) { fprintf(stderr, "out of memory\n"); return 1; } if (getenv("HUGE")) madvise(bufs[t], BYTES, MADV_HUGEPAGE); memset(bufs[t], 1, BYTES); }
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
         pthread_t th[8];

@@ -42,17 +42,10 @@ fn random_adapter(cfg: &ModelConfig, seed: u64) -> LoraAdapter {
         state ^= state << 17;
         (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     };
-    let h = cfg.hidden_size;
     let mut modules = BTreeMap::new();
     for layer in 0..cfg.num_layers {
         for m in LAYER_MATRICES {
-            let (n_in, n_out) = match m {
-                "self_attn.q_proj" => (h, cfg.q_width()),
-                "self_attn.k_proj" | "self_attn.v_proj" => (h, cfg.kv_width()),
-                "self_attn.o_proj" => (cfg.q_width(), h),
-                "mlp.down_proj" => (cfg.intermediate_size, h),
-                _ => (h, cfg.intermediate_size),
-            };
+            let (n_in, n_out) = cfg.layer_matrix_shape(m).expect("a layer matrix");
             let bound = 1.0 / (n_in as f32).sqrt();
             modules.insert(
                 format!("model.layers.{layer}.{m}"),

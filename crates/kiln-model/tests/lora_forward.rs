@@ -31,25 +31,13 @@ impl Rng {
     }
 }
 
-/// (in, out) of a projection.
-fn shape(cfg: &ModelConfig, m: &str) -> (usize, usize) {
-    let h = cfg.hidden_size;
-    match m {
-        "self_attn.q_proj" => (h, cfg.q_width()),
-        "self_attn.k_proj" | "self_attn.v_proj" => (h, cfg.kv_width()),
-        "self_attn.o_proj" => (cfg.q_width(), h),
-        "mlp.down_proj" => (cfg.intermediate_size, h),
-        _ => (h, cfg.intermediate_size),
-    }
-}
-
 /// Random A and B (big enough to move the logits) for the projections `which` of every layer.
 fn adapter(cfg: &ModelConfig, which: &[&str], rank: usize, scale: f32, seed: u64) -> LoraAdapter {
     let mut rng = Rng(seed);
     let mut modules = BTreeMap::new();
     for layer in 0..cfg.num_layers {
         for m in which {
-            let (n_in, n_out) = shape(cfg, m);
+            let (n_in, n_out) = cfg.layer_matrix_shape(m).expect("a layer matrix");
             modules.insert(
                 format!("model.layers.{layer}.{m}"),
                 LoraWeights {

@@ -42,17 +42,10 @@ fn write_adapter(cfg: &ModelConfig, name: &str, seed: u64, widen: bool) -> PathB
         state ^= state << 17;
         (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     };
-    let h = cfg.hidden_size;
     let mut modules = BTreeMap::new();
     for layer in 0..cfg.num_layers {
         for m in LAYER_MATRICES {
-            let (mut n_in, n_out) = match m {
-                "self_attn.q_proj" => (h, cfg.q_width()),
-                "self_attn.k_proj" | "self_attn.v_proj" => (h, cfg.kv_width()),
-                "self_attn.o_proj" => (cfg.q_width(), h),
-                "mlp.down_proj" => (cfg.intermediate_size, h),
-                _ => (h, cfg.intermediate_size),
-            };
+            let (mut n_in, n_out) = cfg.layer_matrix_shape(m).expect("a layer matrix");
             if widen && layer == 3 && m == "self_attn.q_proj" {
                 n_in += 1;
             }

@@ -519,17 +519,16 @@ macro_rules! x86_group_tile {
     ($m:ident, $w:expr, $g:expr, $acts:expr, $ts:expr, $buf:expr) => {{
         let (w, acts, ts, buf) = ($w, $acts, $ts, $buf);
         let group = w.group($g);
-        let c = (group, acts, ts, buf);
         match w.ty {
-            GgmlType::Q4_K => k_arms!($m, q4_kx16_q8_k, Q4_KX16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
+            GgmlType::Q4_K => k_arms!($m, q4_kx16_q8_k, Q4_KX16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
             // No 512-bit kernel: the AVX2 one runs at both levels.
-            GgmlType::Q5_K => k_arms!(avx2, q5_kx16_q8_k, Q5_KX16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
-            GgmlType::Q6_K => k_arms!($m, q6_kx16_q8_k, Q6_KX16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
+            GgmlType::Q5_K => k_arms!(avx2, q5_kx16_q8_k, Q5_KX16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
+            GgmlType::Q6_K => k_arms!($m, q6_kx16_q8_k, Q6_KX16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
             // No 512-bit kernel: the AVX2 one runs at both levels.
-            GgmlType::Q4_0 => arms!(avx2, q4_0x16_q8_0, q8_0_row, Q4_0X16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
-            GgmlType::Q4_1 => arms!($m, q4_1x16_q8_1, q8_1_row, Q4_1X16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
-            GgmlType::Q8_0 => arms!($m, q8_0x16_q8_0, q8_0_row, Q8_0X16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
-            GgmlType::Q5_0 => arms!($m, q5_0x16_q8_0, q8_0_row, Q5_0X16_BYTES, (c.0, c.1, c.2, c.3); 1 2 3 4 5 6 7 8),
+            GgmlType::Q4_0 => arms!(avx2, q4_0x16_q8_0, q8_0_row, Q4_0X16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
+            GgmlType::Q4_1 => arms!($m, q4_1x16_q8_1, q8_1_row, Q4_1X16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
+            GgmlType::Q8_0 => arms!($m, q8_0x16_q8_0, q8_0_row, Q8_0X16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
+            GgmlType::Q5_0 => arms!($m, q5_0x16_q8_0, q8_0_row, Q5_0X16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
             _ => {}
         }
     }};

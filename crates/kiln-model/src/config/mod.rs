@@ -128,6 +128,20 @@ impl ModelConfig {
         self.num_kv_heads * self.head_dim
     }
 
+    /// (in, out) features of a layer matrix named as in `crate::arch::LAYER_MATRICES`
+    /// (`self_attn.q_proj`, …, `mlp.down_proj`); `None` for any other name.
+    pub fn layer_matrix_shape(&self, matrix: &str) -> Option<(usize, usize)> {
+        let (h, i) = (self.hidden_size, self.intermediate_size);
+        Some(match matrix {
+            "self_attn.q_proj" => (h, self.q_width()),
+            "self_attn.k_proj" | "self_attn.v_proj" => (h, self.kv_width()),
+            "self_attn.o_proj" => (self.q_width(), h),
+            "mlp.gate_proj" | "mlp.up_proj" => (h, i),
+            "mlp.down_proj" => (i, h),
+            _ => return None,
+        })
+    }
+
     /// Checks the relations the forward pass relies on, so that a bad file fails at load.
     pub(crate) fn validate(&self) -> Result<(), String> {
         let positive = [

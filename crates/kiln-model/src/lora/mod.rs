@@ -180,7 +180,8 @@ impl LoraAdapter {
                     cfg.num_layers
                 )));
             }
-            let (want_in, want_out) = matrix_shape(cfg, matrix);
+            // `parse_layer_path` only yields LAYER_MATRICES, which all have a shape.
+            let (want_in, want_out) = cfg.layer_matrix_shape(matrix).unwrap_or((0, 0));
             if (w.in_features, w.out_features) != (want_in, want_out) {
                 return Err(bad(format!(
                     "adapts in={} out={}, the model's {matrix} has in={want_in} out={want_out}",
@@ -281,19 +282,6 @@ fn layer_index(path: &str) -> Option<usize> {
         }
     }
     None
-}
-
-/// (in, out) of a layer matrix in a model with this config.
-fn matrix_shape(cfg: &ModelConfig, matrix: &str) -> (usize, usize) {
-    let h = cfg.hidden_size;
-    match matrix {
-        "self_attn.q_proj" => (h, cfg.q_width()),
-        "self_attn.k_proj" | "self_attn.v_proj" => (h, cfg.kv_width()),
-        "self_attn.o_proj" => (cfg.q_width(), h),
-        "mlp.down_proj" => (cfg.intermediate_size, h),
-        // gate_proj and up_proj: parse_layer_path only yields LAYER_MATRICES.
-        _ => (h, cfg.intermediate_size),
-    }
 }
 
 /// An f32 as JSON by its shortest decimal (`0.1`, not `0.10000000149011612`), when that reads

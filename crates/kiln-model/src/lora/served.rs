@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kiln_kernels::arena::WeightBuf;
 
-use super::{AdapterInfo, LoraAdapter, LoraWeights, matrix_shape, parse_layer_path};
+use super::{AdapterInfo, LoraAdapter, LoraWeights, parse_layer_path};
 use crate::ModelError;
 use crate::arch::LAYER_MATRICES;
 use crate::config::ModelConfig;
@@ -263,8 +263,9 @@ impl ServedAdapter {
         self.layers.len() == cfg.num_layers
             && self.layers.iter().all(|l| {
                 l.iter().zip(LAYER_MATRICES).all(|(w, m)| {
-                    w.as_ref()
-                        .is_none_or(|w| (w.in_features, w.out_features) == matrix_shape(cfg, m))
+                    w.as_ref().is_none_or(|w| {
+                        Some((w.in_features, w.out_features)) == cfg.layer_matrix_shape(m)
+                    })
                 })
             })
     }

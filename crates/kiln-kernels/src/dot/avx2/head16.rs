@@ -35,6 +35,11 @@ pub fn q8_0x16_q16<const N: usize>(
                 Q8_0X16_BYTES,
             );
         }
+        // Each token's 32 activations of this block, sliced (and bounds-checked) once.
+        let mut xs = [std::ptr::null::<i64>(); N];
+        for t in 0..N {
+            xs[t] = x[t][32 * b..32 * b + 32].as_ptr().cast();
+        }
         for h in 0..2 {
             // SAFETY: (this load and the ones below) scales at 0..32 and the eight code
             // vectors at 32..544 of the group block; half `h` reads its 16 or 32 bytes.
@@ -48,9 +53,8 @@ pub fn q8_0x16_q16<const N: usize>(
                 let wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(s));
                 let wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(s));
                 for t in 0..N {
-                    let xs = x[t][32 * b..32 * b + 32].as_ptr().cast::<i64>();
                     // SAFETY: activations 4i..4i + 4 of the block's 32.
-                    let xv = _mm256_set1_epi64x(unsafe { xs.add(i).read_unaligned() });
+                    let xv = _mm256_set1_epi64x(unsafe { xs[t].add(i).read_unaligned() });
                     lo[t] = _mm256_add_epi32(lo[t], _mm256_madd_epi16(wl, xv));
                     hi[t] = _mm256_add_epi32(hi[t], _mm256_madd_epi16(wh, xv));
                 }
