@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=.venv
-PINS="pytest==9.2.0 openai==3.57.0 anthropic==2.14.0"
+PINS="pytest==9.2.0 openai==3.57.0 anthropic==2.14.0 jsonschema==4.26.0"
 STAMP="$VENV/.kiln-e2e-pins"
 
 if [[ ! -x "$VENV/bin/python" ]]; then

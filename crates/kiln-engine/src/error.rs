@@ -18,6 +18,9 @@ pub enum EngineError {
     /// The request cannot be served as asked (empty prompt, context overflow…).
     #[error("{0}")]
     Request(String),
+    /// The output constraint failed mid-generation.
+    #[error(transparent)]
+    Grammar(#[from] crate::structured::GrammarError),
     /// Turning tokens into text failed.
     #[error("detokenization: {0}")]
     Detok(String),

@@ -88,6 +88,8 @@ pub struct GenerateRequest {
     /// The LoRA adapters it runs with (`None`: the base model), resolved when the request was
     /// made: the sequence keeps them to its end even if they are unmounted meanwhile.
     pub adapters: Option<Arc<AdapterStack>>,
+    /// Constrains the output to a grammar (structured output); `None`: free text.
+    pub grammar: Option<crate::structured::Grammar>,
 }
 
 /// Why generation ended.

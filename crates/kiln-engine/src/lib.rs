@@ -1,6 +1,7 @@
 //! Inference engine: model loading for generation, the scheduler that batches sequences
 //! (`sched`: continuous batching over KV slots), sampling and the text side of generation (stop
-//! strings, incremental detokenisation), benchmarks. The KV storage itself belongs to the
+//! strings, incremental detokenisation), structured-output constraints (`structured`, on
+//! llguidance), benchmarks. The KV storage itself belongs to the
 //! backend and is owned by [`generate::Engine`], never by model code.
 
 pub mod adapters;
@@ -17,6 +18,7 @@ pub mod sched;
 mod sequence;
 pub mod stats;
 pub mod stop;
+pub mod structured;
 
 pub use adapters::{AdapterError, AdapterRegistry};
 pub use error::EngineError;

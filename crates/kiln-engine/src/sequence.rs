@@ -11,12 +11,15 @@ use crate::load::LoadedModel;
 use crate::sampler::Sampler;
 use crate::stats::{GenerationStats, peak_rss_bytes, per_sec};
 use crate::stop::StopMatcher;
+use crate::structured::Constraint;
 
 /// The decoding state of one sequence.
 pub(crate) struct Decoding {
     sampler: Sampler,
     stops: StopMatcher,
     detok: IncrementalDecoder,
+    /// The grammar the output must follow, if any: applied to the logits before sampling.
+    constraint: Option<Constraint>,
     eos: Vec<u32>,
     ignore_eos: bool,
     /// Prompt then generated tokens: what the KV must hold before the next sample, the last
@@ -59,6 +62,7 @@ impl Decoding {
             sampler: Sampler::new(req.sampling.clone(), xtc_special)?,
             stops: StopMatcher::new(req.stop.clone())?,
             detok: IncrementalDecoder::with_context(model.hf_tokenizer.clone(), true, &req.prompt),
+            constraint: req.grammar.as_ref().map(|g| g.start()),
             eos: model.eos_ids.clone(),
             ignore_eos: req.ignore_eos,
             history: req.prompt.clone(),
@@ -97,6 +101,15 @@ impl Decoding {
         }
         self.prefilled_at.get_or_insert_with(Instant::now);
         let step = self.out.tokens.len();
+        if let Some(c) = &mut self.constraint {
+            if c.finished() {
+                // The grammar is complete: the answer ends here, as at an EOS.
+                self.out.finish_reason = FinishReason::Stop;
+                self.done = true;
+                return Ok(Next::Done);
+            }
+            c.mask(logits)?;
+        }
         self.sampler.set_step(step as u64);
         let picked = self.sampler.sample(logits, &self.history);
         self.first_token_at.get_or_insert_with(Instant::now);
@@ -104,6 +117,9 @@ impl Decoding {
             self.out.finish_reason = FinishReason::Stop;
             self.done = true;
             return Ok(Next::Done);
+        }
+        if let Some(c) = &mut self.constraint {
+            c.accept(picked.id)?;
         }
         self.out.tokens.push(picked.id);
         self.history.push(picked.id);

@@ -55,6 +55,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         stop: vec![],
         ignore_eos: false,
         adapters: None,
+        grammar: None,
     }
 }
 

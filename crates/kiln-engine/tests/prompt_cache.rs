@@ -30,6 +30,7 @@ fn greedy(e: &Engine<CpuBackend>, text: &str) -> GenerateRequest {
         stop: vec![],
         ignore_eos: true,
         adapters: None,
+        grammar: None,
     }
 }
 

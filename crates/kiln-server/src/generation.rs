@@ -30,6 +30,8 @@ pub struct Prepared {
     pub ignore_eos: bool,
     /// The resolved `adapter` field (`None`: the base model).
     pub adapters: Option<std::sync::Arc<kiln_model::lora::AdapterStack>>,
+    /// The compiled output constraint (`response_format`, forced tool calls), if any.
+    pub grammar: Option<kiln_engine::structured::Grammar>,
 }
 
 /// `max_tokens` for a prompt of `prompt_len` tokens: an explicit value must fit in the context
@@ -110,6 +112,7 @@ pub fn submit(
         stop: p.stop,
         ignore_eos: p.ignore_eos,
         adapters: p.adapters,
+        grammar: p.grammar,
     };
     state.gateway.submit(req).map_err(|e| match e {
         GatewayError::Busy(_) => ApiError::busy(e.to_string()).flavor(flavor),

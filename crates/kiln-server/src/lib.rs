@@ -17,12 +17,13 @@ pub mod openai;
 pub mod openapi;
 pub mod page;
 pub mod prompt;
-pub mod reasoning;
 pub mod routes;
 pub mod sampling;
 pub mod state;
 pub mod stats;
+pub mod structured;
 pub mod tools;
+pub mod turn;
 
 use std::future::Future;
 use std::sync::Arc;

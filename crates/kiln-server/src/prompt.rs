@@ -193,7 +193,7 @@ pub fn chat_prompt(
         .map_err(|e| ApiError::bad_request(format!("prompt build failed: {e}")))?;
     Ok(ChatPrompt {
         ids,
-        thinking_open: crate::reasoning::ThinkSplitter::prompt_opens(&rendered),
+        thinking_open: crate::turn::reasoning::ThinkSplitter::prompt_opens(&rendered),
     })
 }
 

@@ -36,6 +36,11 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     ),
     (
         "POST",
+        "/v1/responses",
+        "OpenAI Responses (stream and not; previous_response_id)",
+    ),
+    (
+        "POST",
         "/v1/messages",
         "Anthropic messages (stream and not)",
     ),
@@ -118,6 +123,7 @@ pub fn router_with(
         .route("/v1/models/{*id}", get(model))
         .route("/v1/chat/completions", post(openai::chat::handler))
         .route("/v1/completions", post(openai::completions::handler))
+        .route("/v1/responses", post(openai::responses::handler))
         .route("/v1/messages", post(anthropic::messages::handler))
         .route(
             "/v1/messages/count_tokens",

@@ -39,6 +39,8 @@ pub struct ModelInfo {
     /// The memory model's verdict, computed once at startup: requests whose prompt plus
     /// `max_tokens` exceed its safe context are refused before any compute.
     pub memory: Option<MemoryAdmission>,
+    /// Structured-output compiler for this vocabulary, built on first use (shared by clones).
+    pub grammar: Arc<std::sync::OnceLock<Result<kiln_engine::structured::GrammarCompiler, String>>>,
 }
 
 /// Memory admission (spec §6.7): what `kiln fit` says about the served model under its budget.
@@ -73,7 +75,30 @@ impl ModelInfo {
             load_secs: m.load_secs,
             arch: format!("{:?}", c.arch),
             memory: None,
+            grammar: Arc::default(),
         }
+    }
+
+    /// The tool-call markup the model's chat template uses.
+    pub fn tool_format(&self) -> crate::tools::ToolFormat {
+        self.template
+            .as_ref()
+            .map_or(crate::tools::ToolFormat::Generic, |t| {
+                crate::tools::ToolFormat::detect(t.source())
+            })
+    }
+
+    /// The structured-output compiler (its vocabulary trie is built on the first call).
+    pub fn grammar_compiler(
+        &self,
+    ) -> Result<&kiln_engine::structured::GrammarCompiler, crate::errors::ApiError> {
+        self.grammar
+            .get_or_init(|| {
+                kiln_engine::structured::GrammarCompiler::new(&self.tokenizer, self.vocab_size)
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| crate::errors::ApiError::bad_request(e.clone()))
     }
 }
 
@@ -116,6 +141,8 @@ pub struct AppState {
     pub started_at: u64,
     /// Sections other subsystems add to `/stats` (e.g. `jobs`), by key.
     pub extra_stats: Vec<(String, StatsHook)>,
+    /// Stored Responses turns for `previous_response_id`.
+    pub responses: crate::openai::responses::store::ResponseStore,
     weyl: AtomicU64,
     ids: AtomicU64,
 }
@@ -148,6 +175,7 @@ impl AppState {
             local_addr,
             started_at: unix_now(),
             extra_stats: Vec::new(),
+            responses: Default::default(),
             weyl: AtomicU64::new(0),
             ids: AtomicU64::new(0),
         }

@@ -85,6 +85,7 @@ pub fn stats_json(state: &SharedState) -> Value {
             Some(a) => json!(a),
             None => Value::Null,
         },
+        "responses_store": state.responses.stats(),
         "queue": {"running": m.running.load(Relaxed), "waiting": m.waiting.load(Relaxed),
                   "capacity": state.gateway.capacity()},
         "requests": {"finished": m.finished.load(Relaxed), "cancelled": m.cancelled.load(Relaxed),

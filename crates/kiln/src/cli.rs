@@ -109,6 +109,9 @@ pub struct GenerateArgs {
     /// repeat to stack adapters (their deltas add in order).
     #[arg(long = "adapter", value_name = "PATH")]
     pub adapters: Vec<std::path::PathBuf>,
+    /// Constrain the output to JSON matching the JSON schema in this file (structured output).
+    #[arg(long, value_name = "PATH")]
+    pub json_schema: Option<std::path::PathBuf>,
     /// Print timing and memory to stderr.
     #[arg(long)]
     pub stats: bool,

@@ -31,6 +31,7 @@ const NAME: &str = "chat_template";
 #[derive(Debug, Clone)]
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: std::sync::Arc<str>,
     bos_token: Option<String>,
     eos_token: Option<String>,
 }
@@ -60,9 +61,15 @@ impl ChatTemplate {
             .map_err(|e| ModelError::ChatTemplate(format!("compile: {e}")))?;
         Ok(Self {
             env,
+            source: source.into(),
             bos_token: bos_token.map(str::to_string),
             eos_token: eos_token.map(str::to_string),
         })
+    }
+
+    /// The template's source (to read which tool-call markup the model uses).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The GGUF's `tokenizer.chat_template` with the tokenizer's BOS/EOS, or `None` if the file

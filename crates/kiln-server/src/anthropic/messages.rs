@@ -14,7 +14,16 @@ use crate::errors::{ApiError, Flavor};
 use crate::generation::{Prepared, blocking, collect, plan_max_tokens, sse_response, submit};
 use crate::prompt::{ChatPrompt, chat_prompt, normalize_messages};
 use crate::state::SharedState;
-use crate::tools::parse_tool_calls;
+use crate::structured::{ToolChoice, anthropic_tool_choice, forced_call};
+use crate::turn::{Turn, TurnBuilder, TurnShape};
+
+/// A messages request's prompt, how its answer is parsed, and the grammar a forced tool
+/// choice sets.
+struct MessagesPlan {
+    prompt: ChatPrompt,
+    shape: TurnShape,
+    grammar: Option<kiln_engine::structured::Grammar>,
+}
 
 fn prompt_of(state: &SharedState, req: &MessagesRequest) -> Result<(ChatPrompt, bool), ApiError> {
     let (messages, tools) = to_openai(req)?;
@@ -22,6 +31,51 @@ fn prompt_of(state: &SharedState, req: &MessagesRequest) -> Result<(ChatPrompt, 
     let tools_vec = tools.as_ref().and_then(Value::as_array).cloned();
     let ids = chat_prompt(&state.info, &messages, tools_vec.as_deref(), None)?;
     Ok((ids, tools.is_some()))
+}
+
+fn plan(state: &SharedState, req: &MessagesRequest) -> Result<MessagesPlan, ApiError> {
+    let choice = anthropic_tool_choice(req.tool_choice.as_ref())?;
+    let (messages, tools) = to_openai(req)?;
+    let messages = normalize_messages(&messages)?;
+    let tools = tools.as_ref().and_then(Value::as_array).cloned();
+    let format = state.info.tool_format();
+    let grammar = match &tools {
+        Some(t) => forced_call(&state.info, format, t, &choice)?,
+        None if matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) => {
+            return Err(ApiError::bad_request(
+                "tool_choice requires a tool call but no tools were given",
+            ));
+        }
+        None => None,
+    };
+    let prompt = chat_prompt(&state.info, &messages, tools.as_deref(), None)?;
+    Ok(MessagesPlan {
+        shape: TurnShape {
+            thinking_open: prompt.thinking_open,
+            tools: tools.is_some().then_some(format),
+        },
+        prompt,
+        grammar: crate::structured::compile(&state.info, grammar)?,
+    })
+}
+
+/// The `content` blocks of a whole turn.
+fn content_blocks(turn: &Turn) -> Vec<Value> {
+    let mut content = Vec::new();
+    if !turn.reasoning.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": turn.reasoning, "signature": ""}));
+    }
+    if !turn.content.is_empty() {
+        content.push(json!({"type": "text", "text": turn.content}));
+    }
+    for c in &turn.calls {
+        let input: Value = serde_json::from_str(&c.arguments).unwrap_or(json!({}));
+        content.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}));
+    }
+    if content.is_empty() {
+        content.push(json!({"type": "text", "text": ""}));
+    }
+    content
 }
 
 /// Anthropic `stop_reason` and `stop_sequence`.
@@ -69,8 +123,8 @@ pub async fn handler(
     let adapters =
         crate::adapters::resolve(&state, req.adapter.as_ref()).map_err(|e| e.flavor(f))?;
     let st = state.clone();
-    let (req, (prompt, tools_active)) = blocking(f, move || {
-        let p = prompt_of(&st, &req).map_err(|e| e.flavor(f))?;
+    let (req, plan) = blocking(f, move || {
+        let p = plan(&st, &req).map_err(|e| e.flavor(f))?;
         Ok((req, p))
     })
     .await?;
@@ -80,7 +134,7 @@ pub async fn handler(
         .sampling
         .resolve(&state, false, 0, false)
         .map_err(|e| e.flavor(f))?;
-    let (thinking_open, prompt) = (prompt.thinking_open, prompt.ids);
+    let prompt = plan.prompt.ids;
     // No default applies: the request always names its max_tokens.
     let max_tokens = plan_max_tokens(&state, prompt.len(), Some(requested), 1, "max_tokens")
         .map_err(|e| e.flavor(f))?;
@@ -94,43 +148,19 @@ pub async fn handler(
             stop: stop.clone(),
             ignore_eos: false,
             adapters,
+            grammar: plan.grammar,
         },
         f,
     )?;
     let id = state.new_id("msg_");
     if req.stream.unwrap_or(false) {
-        let framer = MessagesFramer::new(
-            state.clone(),
-            id,
-            tools_active,
-            stop,
-            input_tokens,
-            thinking_open,
-        );
+        let framer = MessagesFramer::new(state.clone(), id, plan.shape, stop, input_tokens);
         return Ok(sse_response(rx, framer));
     }
     let out = collect(rx, f).await?;
-    let mut content = Vec::new();
-    let (thinking, answer) = crate::reasoning::split(&out.text, thinking_open);
-    if !thinking.is_empty() {
-        content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
-    }
-    let parsed = tools_active.then(|| parse_tool_calls(&answer));
-    let text = parsed
-        .as_ref()
-        .map_or(answer.as_str(), |p| p.content.as_str());
-    if !text.is_empty() {
-        content.push(json!({"type": "text", "text": text}));
-    }
-    let calls = parsed.map(|p| p.calls).unwrap_or_default();
-    for c in &calls {
-        let input: Value = serde_json::from_str(&c.arguments).unwrap_or(json!({}));
-        content.push(json!({"type": "tool_use", "id": state.new_id("toolu_"), "name": c.name, "input": input}));
-    }
-    if content.is_empty() {
-        content.push(json!({"type": "text", "text": ""}));
-    }
-    let (reason, seq) = stop_reason(&out, &stop, !calls.is_empty());
+    let turn = TurnBuilder::whole(plan.shape, &out.text, || state.new_id("toolu_"));
+    let content = content_blocks(&turn);
+    let (reason, seq) = stop_reason(&out, &stop, !turn.calls.is_empty());
     Ok(axum::Json(json!({
         "id": id,
         "type": "message",

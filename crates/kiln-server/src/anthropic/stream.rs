@@ -7,16 +7,14 @@ use serde_json::{Value, json};
 
 use super::messages::{stop_reason, usage};
 use crate::generation::{Framer, event_frame};
-use crate::reasoning::{Piece, ThinkSplitter};
 use crate::state::SharedState;
-use crate::tools::ToolStreamFilter;
+use crate::turn::{Delta, TurnBuilder, TurnShape};
 
 /// Frames one messages stream.
 pub struct MessagesFramer {
     state: SharedState,
     id: String,
-    think: ThinkSplitter,
-    tools: Option<ToolStreamFilter>,
+    turn: TurnBuilder,
     stops: Vec<String>,
     input_tokens: usize,
     /// The kind of the open block (`"text"` or `"thinking"`), at `next_index`.
@@ -26,21 +24,19 @@ pub struct MessagesFramer {
 }
 
 impl MessagesFramer {
-    /// A framer for message `id`; `thinking_open` when the prompt leaves the model in `<think>`.
+    /// A framer for message `id`, whose answer has `shape`.
     pub fn new(
         state: SharedState,
         id: String,
-        tools_active: bool,
+        shape: TurnShape,
         stops: Vec<String>,
         input_tokens: usize,
-        thinking_open: bool,
     ) -> Self {
         Self {
             input_tokens,
             state,
             id,
-            think: ThinkSplitter::new(thinking_open),
-            tools: tools_active.then(ToolStreamFilter::default),
+            turn: TurnBuilder::new(shape),
             stops,
             open: None,
             had_text: false,
@@ -91,20 +87,12 @@ impl MessagesFramer {
         f
     }
 
-    fn pieces(&mut self, pieces: Vec<Piece>) -> String {
+    fn deltas(&mut self, deltas: Vec<Delta>) -> String {
         let mut f = String::new();
-        for p in pieces {
-            match p {
-                Piece::Reasoning(r) => f.push_str(&self.delta("thinking", &r)),
-                Piece::Content(c) => {
-                    let shown = match &mut self.tools {
-                        Some(t) => t.push(&c),
-                        None => c,
-                    };
-                    if !shown.is_empty() {
-                        f.push_str(&self.delta("text", &shown));
-                    }
-                }
+        for d in deltas {
+            match d {
+                Delta::Reasoning(r) => f.push_str(&self.delta("thinking", &r)),
+                Delta::Content(c) => f.push_str(&self.delta("text", &c)),
             }
         }
         f
@@ -124,22 +112,15 @@ impl Framer for MessagesFramer {
     }
 
     fn text(&mut self, piece: &str) -> String {
-        let pieces = self.think.push(piece);
-        self.pieces(pieces)
+        let deltas = self.turn.push(piece);
+        self.deltas(deltas)
     }
 
     fn done(&mut self, out: &GenerateOutput) -> String {
-        let tail = self.think.finish();
-        let mut f = self.pieces(tail);
-        let mut calls = Vec::new();
-        let answer = self.think.content().to_string();
-        if let Some(filter) = &mut self.tools {
-            let (parsed, rest) = filter.finish(&answer);
-            calls = parsed.calls;
-            if !rest.is_empty() {
-                f.push_str(&self.delta("text", &rest));
-            }
-        }
+        let state = self.state.clone();
+        let (tail, turn) = self.turn.finish(|| state.new_id("toolu_"));
+        let mut f = self.deltas(tail);
+        let calls = turn.calls;
         if calls.is_empty() && !self.had_text {
             // An answer without text still has one (empty) text block.
             f.push_str(&self.delta("text", ""));
@@ -151,7 +132,7 @@ impl Framer for MessagesFramer {
             f.push_str(&event_frame(
                 "content_block_start",
                 &json!({"type": "content_block_start", "index": i, "content_block": {
-                    "type": "tool_use", "id": self.state.new_id("toolu_"), "name": c.name, "input": {}}}),
+                    "type": "tool_use", "id": c.id, "name": c.name, "input": {}}}),
             ));
             f.push_str(&event_frame(
                 "content_block_delta",

@@ -17,7 +17,8 @@ use crate::generation::{
 use crate::prompt::{chat_prompt, normalize_messages, validate_tools};
 use crate::sampling::{SamplingFields, parse_stop, parse_top_logprobs};
 use crate::state::{SharedState, unix_now};
-use crate::tools::parse_tool_calls;
+use crate::structured::{ToolChoice, chat_response_format, forced_call, openai_tool_choice};
+use crate::turn::{Turn, TurnBuilder, TurnShape};
 
 /// Built-in `max_tokens` default for chat (spec §3.1), capped by the context left.
 pub const DEFAULT_CHAT_MAX_TOKENS: usize = 65536;
@@ -43,8 +44,10 @@ pub struct ChatRequest {
     pub top_logprobs: Option<Value>,
     /// Function tools.
     pub tools: Option<Value>,
-    /// `"none"` disables tools.
+    /// `none|auto|required` or a named function.
     pub tool_choice: Option<Value>,
+    /// `text`, `json_object` or `json_schema`: constrains the answer.
+    pub response_format: Option<Value>,
     /// Extra template variables (`enable_thinking`…).
     pub chat_template_kwargs: Option<Map<String, Value>>,
     /// Generate past EOS (vLLM extension, for benchmarks).
@@ -55,6 +58,14 @@ pub struct ChatRequest {
     pub n: Option<u64>,
     /// LoRA adapter: a mounted id, `"a+b"` to stack, `"none"` for the base model.
     pub adapter: Option<Value>,
+    /// Legacy function calling (refused: use `tools`).
+    pub functions: Option<Value>,
+    /// Output modalities (only text).
+    pub modalities: Option<Value>,
+    /// Audio output (refused).
+    pub audio: Option<Value>,
+    /// Predicted output (refused).
+    pub prediction: Option<Value>,
     /// Sampling.
     #[serde(skip)]
     pub sampling: SamplingFields,
@@ -78,12 +89,10 @@ pub struct StreamOptions {
 pub struct ChatPlan {
     /// What the engine runs.
     pub prepared: Prepared,
-    /// Whether output is parsed for tool calls.
-    pub tools_active: bool,
+    /// How the answer is parsed (reasoning, tool calls).
+    pub shape: TurnShape,
     /// Whether logprobs go into the response.
     pub logprobs: bool,
-    /// The prompt leaves the model inside `<think>`.
-    pub thinking_open: bool,
 }
 
 /// Template variables: `chat_template_kwargs`, plus `enable_thinking` from `reasoning_effort`
@@ -106,19 +115,61 @@ fn template_vars(req: &ChatRequest) -> Result<Option<Map<String, Value>>, ApiErr
     Ok(vars)
 }
 
+/// Fields kiln does not implement are refused by name, never ignored.
+fn refuse_unsupported(req: &ChatRequest) -> Result<(), ApiError> {
+    let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+    if set(&req.functions) {
+        return Err(ApiError::bad_request(
+            "functions is not supported: send the functions as tools",
+        ));
+    }
+    if set(&req.audio) {
+        return Err(ApiError::bad_request("audio output is not supported"));
+    }
+    if set(&req.prediction) {
+        return Err(ApiError::bad_request("prediction is not supported"));
+    }
+    if let Some(m) = req.modalities.as_ref().and_then(Value::as_array)
+        && m.iter().any(|x| x != "text")
+    {
+        return Err(ApiError::bad_request(
+            "modalities: only \"text\" is supported",
+        ));
+    }
+    Ok(())
+}
+
 /// Validates `req` and builds its prompt.
 pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError> {
     if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad_request("n must be 1"));
+        return Err(ApiError::bad_request(
+            "n must be 1: kiln generates one choice per request",
+        ));
     }
+    refuse_unsupported(req)?;
     let adapters = crate::adapters::resolve(state, req.adapter.as_ref())?;
     let messages = normalize_messages(&req.messages)?;
     let tools = match &req.tools {
         Some(t) if !t.is_null() => validate_tools(t)?,
         _ => Vec::new(),
     };
-    let tools_active =
-        !tools.is_empty() && req.tool_choice.as_ref().and_then(Value::as_str) != Some("none");
+    let choice = openai_tool_choice(req.tool_choice.as_ref())?;
+    let tools_active = !tools.is_empty() && choice != ToolChoice::None;
+    let format = state.info.tool_format();
+    let mut grammar = chat_response_format(req.response_format.as_ref())?;
+    if tools_active && let Some(forced) = forced_call(&state.info, format, &tools, &choice)? {
+        if grammar.is_some() {
+            return Err(ApiError::bad_request(
+                "response_format cannot be combined with a tool_choice that forces a call",
+            ));
+        }
+        grammar = Some(forced);
+    } else if !tools_active && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+        return Err(ApiError::bad_request(
+            "tool_choice requires a tool call but no tools were given",
+        ));
+    }
+    let grammar = crate::structured::compile(&state.info, grammar)?;
     let logprobs = match &req.logprobs {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -156,10 +207,13 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
             stop,
             ignore_eos: req.ignore_eos.unwrap_or(false),
             adapters,
+            grammar,
         },
-        tools_active,
+        shape: TurnShape {
+            thinking_open,
+            tools: tools_active.then_some(format),
+        },
         logprobs,
-        thinking_open,
     })
 }
 
@@ -179,42 +233,12 @@ pub async fn handler(
     let id = state.new_id("chatcmpl-");
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
-        let framer = ChatFramer::new(
-            state.clone(),
-            id,
-            plan.tools_active,
-            include_usage,
-            plan.logprobs,
-            plan.thinking_open,
-        );
+        let framer = ChatFramer::new(state.clone(), id, plan.shape, include_usage, plan.logprobs);
         return Ok(sse_response(rx, framer));
     }
     let out = collect(rx, Flavor::OpenAi).await?;
-    let (reasoning, answer) = crate::reasoning::split(&out.text, plan.thinking_open);
-    let (content, calls) = if plan.tools_active {
-        let p = parse_tool_calls(&answer);
-        let calls: Vec<Value> = p
-            .calls
-            .iter()
-            .map(|c| {
-                json!({"id": state.new_id("call_"), "type": "function",
-                       "function": {"name": c.name, "arguments": c.arguments}})
-            })
-            .collect();
-        (p.content, calls)
-    } else {
-        (answer, Vec::new())
-    };
-    let mut message = json!({"role": "assistant", "content": content});
-    if !reasoning.is_empty() {
-        message["reasoning"] = json!(reasoning);
-    }
-    if !calls.is_empty() {
-        if content.is_empty() {
-            message["content"] = Value::Null;
-        }
-        message["tool_calls"] = Value::Array(calls.clone());
-    }
+    let turn = TurnBuilder::whole(plan.shape, &out.text, || state.new_id("call_"));
+    let message = message(&turn);
     let lp = if plan.logprobs {
         logprobs::chat(&state.info.tokenizer, &out.logprobs)
     } else {
@@ -229,9 +253,24 @@ pub async fn handler(
             "index": 0,
             "message": message,
             "logprobs": lp,
-            "finish_reason": finish_reason_str(&out, !calls.is_empty()),
+            "finish_reason": finish_reason_str(&out, !turn.calls.is_empty()),
         }],
         "usage": usage(&out),
     }))
     .into_response())
+}
+
+/// The assistant `message` of a whole turn.
+fn message(turn: &Turn) -> Value {
+    let mut message = json!({"role": "assistant", "content": turn.content});
+    if !turn.reasoning.is_empty() {
+        message["reasoning"] = json!(turn.reasoning);
+    }
+    if !turn.calls.is_empty() {
+        if turn.content.is_empty() {
+            message["content"] = Value::Null;
+        }
+        message["tool_calls"] = super::chat_stream::tool_calls(turn, false);
+    }
+    message
 }

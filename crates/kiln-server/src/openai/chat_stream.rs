@@ -1,23 +1,38 @@
-//! Chat completion chunks: `{role}` → content deltas → (tool calls) → finish → (usage) → `[DONE]`.
+//! Chat completion chunks: `{role}` → reasoning/content deltas → (tool calls) → finish →
+//! (usage) → `[DONE]`, rendered from the typed turn.
 
 use kiln_engine::GenerateOutput;
 use serde_json::{Value, json};
 
 use super::usage;
 use crate::generation::{Framer, data_frame, finish_reason_str};
-use crate::reasoning::{Piece, ThinkSplitter};
 use crate::state::{SharedState, unix_now};
-use crate::tools::ToolStreamFilter;
+use crate::turn::{Delta, Turn, TurnBuilder, TurnShape};
 
 /// Frames one chat stream.
 pub struct ChatFramer {
     state: SharedState,
     id: String,
     created: u64,
-    tools: Option<ToolStreamFilter>,
     include_usage: bool,
     logprobs: bool,
-    think: ThinkSplitter,
+    turn: TurnBuilder,
+}
+
+/// `tool_calls` of a turn (`indexed`: with the `index` stream deltas carry).
+pub fn tool_calls(turn: &Turn, indexed: bool) -> Value {
+    turn.calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut v = json!({"id": c.id, "type": "function",
+                               "function": {"name": c.name, "arguments": c.arguments}});
+            if indexed {
+                v["index"] = json!(i);
+            }
+            v
+        })
+        .collect()
 }
 
 impl ChatFramer {
@@ -25,18 +40,16 @@ impl ChatFramer {
     pub fn new(
         state: SharedState,
         id: String,
-        tools_active: bool,
+        shape: TurnShape,
         include_usage: bool,
         logprobs: bool,
-        thinking_open: bool,
     ) -> Self {
         Self {
-            think: ThinkSplitter::new(thinking_open),
+            turn: TurnBuilder::new(shape),
             logprobs,
             state,
             id,
             created: unix_now(),
-            tools: tools_active.then(ToolStreamFilter::default),
             include_usage,
         }
     }
@@ -54,27 +67,16 @@ impl ChatFramer {
             "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         }))
     }
-}
 
-impl ChatFramer {
-    /// Reasoning deltas as `{reasoning}`, content through the tool filter as `{content}`.
-    fn pieces(&mut self, pieces: Vec<Piece>) -> String {
-        let mut frames = String::new();
-        for p in pieces {
-            match p {
-                Piece::Reasoning(r) => frames.push_str(&self.chunk(json!({"reasoning": r}), None)),
-                Piece::Content(c) => {
-                    let shown = match &mut self.tools {
-                        Some(f) => f.push(&c),
-                        None => c,
-                    };
-                    if !shown.is_empty() {
-                        frames.push_str(&self.chunk(json!({"content": shown}), None));
-                    }
-                }
-            }
-        }
-        frames
+    /// Reasoning deltas as `{reasoning}`, content as `{content}`.
+    fn deltas(&self, deltas: Vec<Delta>) -> String {
+        deltas
+            .into_iter()
+            .map(|d| match d {
+                Delta::Reasoning(r) => self.chunk(json!({"reasoning": r}), None),
+                Delta::Content(c) => self.chunk(json!({"content": c}), None),
+            })
+            .collect()
     }
 }
 
@@ -84,33 +86,16 @@ impl Framer for ChatFramer {
     }
 
     fn text(&mut self, piece: &str) -> String {
-        let pieces = self.think.push(piece);
-        self.pieces(pieces)
+        let deltas = self.turn.push(piece);
+        self.deltas(deltas)
     }
 
     fn done(&mut self, out: &GenerateOutput) -> String {
-        let tail = self.think.finish();
-        let mut frames = self.pieces(tail);
-        let mut has_calls = false;
-        let answer = self.think.content().to_string();
-        if let Some(f) = &mut self.tools {
-            let (parsed, rest) = f.finish(&answer);
-            if !rest.is_empty() {
-                frames.push_str(&self.chunk(json!({"content": rest}), None));
-            }
-            if !parsed.calls.is_empty() {
-                has_calls = true;
-                let calls: Vec<Value> = parsed
-                    .calls
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| {
-                        json!({"index": i, "id": self.state.new_id("call_"), "type": "function",
-                               "function": {"name": c.name, "arguments": c.arguments}})
-                    })
-                    .collect();
-                frames.push_str(&self.chunk(json!({"tool_calls": calls}), None));
-            }
+        let state = self.state.clone();
+        let (tail, turn) = self.turn.finish(|| state.new_id("call_"));
+        let mut frames = self.deltas(tail);
+        if !turn.calls.is_empty() {
+            frames.push_str(&self.chunk(json!({"tool_calls": tool_calls(&turn, true)}), None));
         }
         // Text streams before the engine reports per-token logprobs, so they all ride on the
         // finishing chunk; SDKs concatenate `logprobs.content` across chunks.
@@ -119,7 +104,7 @@ impl Framer for ChatFramer {
         } else {
             Value::Null
         };
-        let finish = finish_reason_str(out, has_calls);
+        let finish = finish_reason_str(out, !turn.calls.is_empty());
         frames.push_str(&self.chunk_with(json!({}), Some(finish), lp));
         if self.include_usage {
             frames.push_str(&data_frame(&json!({

@@ -40,6 +40,10 @@ pub struct CompletionRequest {
     pub ignore_eos: Option<bool>,
     /// Choices to generate (only 1).
     pub n: Option<u64>,
+    /// Candidates to pick the best of (only 1).
+    pub best_of: Option<u64>,
+    /// Text after the completion (insertion; unsupported).
+    pub suffix: Option<String>,
     /// LoRA adapter: a mounted id, `"a+b"` to stack, `"none"` for the base model.
     pub adapter: Option<Value>,
     /// Sampling.
@@ -69,10 +73,24 @@ pub async fn handler(
         _ => return Err(ApiError::bad_request("prompt must be a string")),
     };
     if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad_request("n must be 1"));
+        return Err(ApiError::bad_request(
+            "n must be 1: kiln generates one choice per request",
+        ));
+    }
+    if req.best_of.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad_request(
+            "best_of must be 1: kiln generates one candidate per request",
+        ));
     }
     if req.echo == Some(true) {
-        return Err(ApiError::bad_request("echo is not supported"));
+        return Err(ApiError::bad_request(
+            "echo is not supported: the prompt is not repeated in the completion",
+        ));
+    }
+    if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::bad_request(
+            "suffix is not supported: kiln does not fill in the middle",
+        ));
     }
     let top = match &req.logprobs {
         None | Some(Value::Null) => None,
@@ -114,6 +132,7 @@ pub async fn handler(
             stop,
             ignore_eos: req.ignore_eos.unwrap_or(false),
             adapters,
+            grammar: None,
         },
         Flavor::OpenAi,
     )?;

@@ -1,9 +1,10 @@
-//! The OpenAI surface: `/v1/chat/completions` and `/v1/completions`.
+//! The OpenAI surface: `/v1/chat/completions`, `/v1/completions` and `/v1/responses`.
 
 pub mod chat;
 mod chat_stream;
 pub mod completions;
 pub mod logprobs;
+pub mod responses;
 
 use kiln_engine::GenerateOutput;
 use serde_json::{Value, json};

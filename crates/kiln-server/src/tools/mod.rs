@@ -3,10 +3,12 @@
 //! `<|python_tag|>`), and Mistral `[TOOL_CALLS]`. `arguments` always comes out as a JSON
 //! *string* of an object. Markup that does not parse stays plain content (spec §12.2).
 
+mod format;
 mod parse;
 mod stream;
 
-pub use parse::parse_tool_calls;
+pub use format::ToolFormat;
+pub use parse::{parse_tool_calls, parse_tool_calls_as};
 pub use stream::ToolStreamFilter;
 
 /// One parsed call.

@@ -2,19 +2,26 @@
 
 use serde_json::{Map, Value};
 
-use super::{ParsedOutput, ToolCall};
+use super::{ParsedOutput, ToolCall, ToolFormat};
 
-/// Splits `text` into content and tool calls (see the module docs for the formats).
+/// Splits `text` into content and tool calls, trying every format (see the module docs).
 pub fn parse_tool_calls(text: &str) -> ParsedOutput {
-    let parsed = if let Some(i) = text.find("<tool_call>") {
+    parse_tool_calls_as(ToolFormat::Generic, text)
+}
+
+/// Splits `text` into content and tool calls written in `format` (any format for `Generic`).
+pub fn parse_tool_calls_as(format: ToolFormat, text: &str) -> ParsedOutput {
+    use ToolFormat::*;
+    let is = |f: &[ToolFormat]| format == Generic || f.contains(&format);
+    let parsed = if let Some(i) = text.find("<tool_call>").filter(|_| is(&[Hermes, QwenXml])) {
         hermes(&text[i..]).map(|c| (&text[..i], c))
-    } else if let Some(i) = text.find("[TOOL_CALLS]") {
+    } else if let Some(i) = text.find("[TOOL_CALLS]").filter(|_| is(&[Mistral])) {
         mistral(&text[i + "[TOOL_CALLS]".len()..]).map(|c| (&text[..i], c))
-    } else if let Some(i) = text.find("<|python_tag|>") {
+    } else if let Some(i) = text.find("<|python_tag|>").filter(|_| is(&[Llama3])) {
         json_calls(&text[i + "<|python_tag|>".len()..]).map(|c| (&text[..i], c))
-    } else if let Some(i) = text.find("<function=") {
+    } else if let Some(i) = text.find("<function=").filter(|_| is(&[QwenXml])) {
         qwen_xml(&text[i..]).map(|c| (&text[..i], vec![c]))
-    } else if text.trim_start().starts_with('{') {
+    } else if text.trim_start().starts_with('{') && format.bare_json() {
         json_calls(text).map(|c| ("", c))
     } else {
         None

@@ -35,7 +35,7 @@ fn qwen3_coder_xml() {
     let p = parse_tool_calls(out);
     assert_eq!(
         p.calls,
-        vec![call("search", r#"{"limit":5,"query":"rust axum"}"#)]
+        vec![call("search", r#"{"query":"rust axum","limit":5}"#)]
     );
 }
 
@@ -96,7 +96,8 @@ fn stream_filter_withholds_markup_only() {
     for p in pieces {
         shown.push_str(&f.push(p));
     }
-    assert_eq!(shown, "Sure, calling now.\n");
+    // The newline before the call is dropped, as the whole-text parse drops it.
+    assert_eq!(shown, "Sure, calling now.");
     let full: String = pieces.concat();
     let (parsed, rest) = f.finish(&full);
     assert_eq!(parsed.calls, vec![call("a", "{}")]);

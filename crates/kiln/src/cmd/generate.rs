@@ -49,6 +49,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         kiln_engine::stats::reset_peak_rss();
         let prompt = build_prompt(&engine, &args)?;
         let adapters = load_adapters(&engine, &args.adapters)?;
+        let grammar = match &args.json_schema {
+            Some(path) => Some(load_schema(&engine, path)?),
+            None => None,
+        };
         let request = GenerateRequest {
             prompt,
             max_tokens: args.max_tokens,
@@ -56,6 +60,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             stop: args.stop.clone(),
             ignore_eos: args.ignore_eos,
             adapters,
+            grammar,
         };
         let stdout = std::io::stdout();
         let streaming = !args.json;
@@ -100,6 +105,23 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         }
         Ok(())
     }
+}
+
+/// The `--json-schema` file compiled against the model's vocabulary.
+fn load_schema<B: Backend>(
+    engine: &Engine<B>,
+    path: &std::path::Path,
+) -> Result<kiln_engine::structured::Grammar> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--json-schema {}", path.display()))?;
+    let schema: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("--json-schema {}: not JSON", path.display()))?;
+    let m = engine.model();
+    let compiler =
+        kiln_engine::structured::GrammarCompiler::new(&m.tokenizer, m.config.vocab_size)?;
+    compiler
+        .compile(&kiln_engine::structured::GrammarSpec::JsonSchema(schema))
+        .with_context(|| format!("--json-schema {}", path.display()))
 }
 
 fn build_prompt<B: Backend>(engine: &Engine<B>, args: &GenerateArgs) -> Result<Vec<u32>> {

@@ -1,0 +1,186 @@
+//! Structured output: a grammar (a JSON schema, or a Lark grammar for tool-call markup) compiled
+//! by llguidance against the model's vocabulary, and the per-sequence constraint that masks
+//! every token the grammar forbids before the sampler sees the logits.
+//!
+//! The server compiles a request's grammar before submitting it, so a schema llguidance cannot
+//! handle is refused with its message instead of being ignored; the compiled [`Grammar`] rides
+//! in the [`crate::GenerateRequest`], and each sequence runs its own copy.
+
+mod vocab;
+
+use std::fmt;
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use serde_json::Value;
+
+/// Why a grammar could not be built or followed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GrammarError {
+    /// The vocabulary cannot be turned into llguidance's trie.
+    #[error("structured output is unavailable for this model: {0}")]
+    Vocabulary(String),
+    /// The schema or grammar is invalid or uses something llguidance does not support.
+    #[error("{0}")]
+    Invalid(String),
+    /// The grammar failed while generating (an internal limit, or a state it cannot leave).
+    #[error("the output constraint failed: {0}")]
+    Runtime(String),
+}
+
+/// What to constrain output to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GrammarSpec {
+    /// A JSON value matching this JSON schema (`{"type":"object"}` for any object).
+    JsonSchema(Value),
+    /// A Lark grammar (llguidance's dialect; may embed `%json {…}` schemas).
+    Lark(String),
+}
+
+/// Compiles grammars for one model's vocabulary (built once per model; cheap to share).
+pub struct GrammarCompiler {
+    factory: ParserFactory,
+}
+
+impl fmt::Debug for GrammarCompiler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("GrammarCompiler")
+    }
+}
+
+/// JSON layout the schemas compile to: the separators models write by habit, and no free
+/// whitespace, so a small model cannot wander into endless blank space.
+const JSON_LAYOUT: &str =
+    r#"{"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false}"#;
+
+impl GrammarCompiler {
+    /// A compiler for `tokenizer` over `vocab_size` logits per row.
+    pub fn new(
+        tokenizer: &kiln_model::tokenizer::KilnTokenizer,
+        vocab_size: usize,
+    ) -> Result<Self, GrammarError> {
+        // The trie builder asserts on inconsistent input; a hostile vocabulary must not panic.
+        let env = std::panic::catch_unwind(|| vocab::tok_env(tokenizer, vocab_size)).map_err(
+            |_| GrammarError::Vocabulary("the vocabulary could not be indexed".into()),
+        )??;
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
+        factory.quiet();
+        Ok(Self { factory })
+    }
+
+    /// Compiles `spec`; errors name what in it is wrong or unsupported.
+    pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
+        let grammar = match spec {
+            GrammarSpec::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(with_layout(schema)?)
+            }
+            GrammarSpec::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
+        };
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| GrammarError::Invalid(e.to_string()))?;
+        let mut matcher = Matcher::new(Ok(parser));
+        // A grammar that admits nothing fails on its first mask: refuse it now, not mid-stream.
+        let first = matcher
+            .compute_mask()
+            .map_err(|e| GrammarError::Invalid(e.to_string()))?;
+        if first.num_set() == 0 {
+            return Err(GrammarError::Invalid(
+                "the schema admits no output".to_string(),
+            ));
+        }
+        Ok(Grammar {
+            matcher: matcher.deep_clone(),
+        })
+    }
+}
+
+/// A schema with kiln's JSON layout, unless the schema sets its own `x-guidance`.
+fn with_layout(schema: &Value) -> Result<Value, GrammarError> {
+    let mut schema = match schema {
+        Value::Object(_) => schema.clone(),
+        Value::Bool(true) => serde_json::json!({}),
+        _ => {
+            return Err(GrammarError::Invalid(
+                "a JSON schema must be an object".into(),
+            ));
+        }
+    };
+    if let Some(obj) = schema.as_object_mut()
+        && !obj.contains_key("x-guidance")
+    {
+        let layout: Value =
+            serde_json::from_str(JSON_LAYOUT).map_err(|e| GrammarError::Invalid(e.to_string()))?;
+        obj.insert("x-guidance".into(), layout);
+    }
+    Ok(schema)
+}
+
+/// A compiled grammar, ready to constrain any number of sequences.
+#[derive(Clone)]
+pub struct Grammar {
+    matcher: Matcher,
+}
+
+impl fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Grammar")
+    }
+}
+
+impl PartialEq for Grammar {
+    /// Grammars are not compared by content; two requests are equal only without one.
+    fn eq(&self, _: &Self) -> bool {
+        false
+    }
+}
+
+impl Grammar {
+    /// A fresh constraint for one sequence.
+    pub fn start(&self) -> Constraint {
+        Constraint {
+            matcher: self.matcher.deep_clone(),
+        }
+    }
+}
+
+/// One sequence's position in its grammar.
+pub struct Constraint {
+    matcher: Matcher,
+}
+
+impl Constraint {
+    /// Whether the grammar is complete and admits nothing more (generation should end).
+    pub fn finished(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// Sets the logit of every token the grammar forbids now to `-inf`. At a point where the
+    /// grammar may end, the end-of-sequence tokens stay allowed.
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
+        let allowed = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| GrammarError::Runtime(e.to_string()))?;
+        let n = allowed.len().min(logits.len());
+        allowed.iter_unset_entries(|i| {
+            if i < n {
+                logits[i] = f32::NEG_INFINITY;
+            }
+        });
+        // Padding rows past the grammar's vocabulary are never text.
+        for l in logits.iter_mut().skip(allowed.len()) {
+            *l = f32::NEG_INFINITY;
+        }
+        Ok(())
+    }
+
+    /// Advances past the sampled `token`.
+    pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| GrammarError::Runtime(e.to_string()))
+    }
+}

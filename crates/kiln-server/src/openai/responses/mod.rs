@@ -1,0 +1,324 @@
+//! `POST /v1/responses` (spec §3.4): OpenAI's Responses API over the same typed turn as chat.
+//! `input` items become chat messages, `previous_response_id` splices a stored conversation in
+//! front, and the answer is rendered as output items (whole, or as the event stream).
+
+pub mod input;
+mod render;
+pub mod store;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use render::{ResponseContext, ResponsesFramer};
+
+use super::chat::DEFAULT_CHAT_MAX_TOKENS;
+use crate::body::parse_request;
+use crate::errors::{ApiError, Flavor};
+use crate::generation::{Prepared, blocking, collect, plan_max_tokens, sse_response, submit};
+use crate::prompt::{chat_prompt, normalize_messages, validate_tools};
+use crate::sampling::SamplingFields;
+use crate::state::{SharedState, unix_now};
+use crate::structured::{ToolChoice, forced_call, openai_tool_choice, text_format};
+use crate::turn::{TurnBuilder, TurnShape};
+
+/// The request body (unknown fields are ignored).
+#[derive(Debug, Deserialize)]
+pub struct ResponsesRequest {
+    /// A string or a list of input items.
+    pub input: Option<Value>,
+    /// The system prompt; carried forward from the previous response when omitted.
+    pub instructions: Option<String>,
+    /// Most tokens to generate.
+    pub max_output_tokens: Option<u64>,
+    /// Flat function tools (other tool types are dropped).
+    pub tools: Option<Value>,
+    /// `none|auto|required` or `{type:"function", name}`.
+    pub tool_choice: Option<Value>,
+    /// Stream as server-sent events.
+    pub stream: Option<bool>,
+    /// Continue the conversation of this stored response.
+    pub previous_response_id: Option<String>,
+    /// Keep the response for `previous_response_id` (default true).
+    pub store: Option<bool>,
+    /// `{format: {type: text|json_object|json_schema, …}}`.
+    pub text: Option<Value>,
+    /// `{effort}`: `none` turns thinking off, any other level on.
+    pub reasoning: Option<Value>,
+    /// Echoed back.
+    pub metadata: Option<Value>,
+    /// Accepted and echoed (calls are parsed however many the model writes).
+    pub parallel_tool_calls: Option<bool>,
+    /// LoRA adapter: a mounted id, `"a+b"` to stack, `"none"` for the base model.
+    pub adapter: Option<Value>,
+    /// Run in the background (refused: responses are answered on the request).
+    pub background: Option<bool>,
+    /// `disabled` (the default) or `auto` (refused: an overlong input is a 400).
+    pub truncation: Option<String>,
+    /// Alternatives per output token (refused).
+    pub top_logprobs: Option<u64>,
+    /// Sampling.
+    #[serde(skip)]
+    pub sampling: SamplingFields,
+}
+
+impl crate::body::WithSampling for ResponsesRequest {
+    fn set_sampling(&mut self, s: SamplingFields) {
+        self.sampling = s;
+    }
+}
+
+struct ResponsesPlan {
+    prepared: Prepared,
+    shape: TurnShape,
+    ctx: ResponseContext,
+}
+
+/// Instructions and any system/developer messages become one leading system message.
+fn with_system(instructions: Option<&str>, conversation: &[Value]) -> Vec<Value> {
+    let mut system: Vec<String> = instructions
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .into_iter()
+        .collect();
+    let mut rest = Vec::new();
+    for m in conversation {
+        match m["role"].as_str() {
+            Some("system" | "developer") => {
+                system.push(m["content"].as_str().unwrap_or("").to_string());
+            }
+            _ => rest.push(m.clone()),
+        }
+    }
+    if !system.is_empty() {
+        rest.insert(0, json!({"role": "system", "content": system.join("\n\n")}));
+    }
+    rest
+}
+
+fn thinking_vars(reasoning: Option<&Value>) -> Result<Option<Map<String, Value>>, ApiError> {
+    let Some(effort) = reasoning
+        .and_then(|r| r.get("effort"))
+        .filter(|e| !e.is_null())
+    else {
+        return Ok(None);
+    };
+    let on = match effort.as_str() {
+        Some("none") => false,
+        Some("minimal" | "low" | "medium" | "high") => true,
+        _ => {
+            return Err(ApiError::bad_request(
+                "reasoning.effort must be one of none, minimal, low, medium, high",
+            ));
+        }
+    };
+    let mut vars = Map::new();
+    vars.insert("enable_thinking".into(), Value::Bool(on));
+    Ok(Some(vars))
+}
+
+/// Fields kiln does not implement are refused by name, never ignored.
+fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
+    if req.background == Some(true) {
+        return Err(ApiError::bad_request(
+            "background responses are not supported",
+        ));
+    }
+    if req.truncation.as_deref().is_some_and(|t| t != "disabled") {
+        return Err(ApiError::bad_request(
+            "truncation must be \"disabled\": an input longer than the context is refused",
+        ));
+    }
+    if req.top_logprobs.is_some_and(|n| n > 0) {
+        return Err(ApiError::bad_request(
+            "top_logprobs is not supported on /v1/responses",
+        ));
+    }
+    Ok(())
+}
+
+fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, ApiError> {
+    refuse_unsupported(req)?;
+    let input = req
+        .input
+        .as_ref()
+        .ok_or_else(|| ApiError::bad_request("input is required"))?;
+    let mut conversation = Vec::new();
+    let mut instructions = req.instructions.clone();
+    if let Some(prev) = &req.previous_response_id {
+        let stored = state.responses.get(prev).ok_or_else(|| {
+            ApiError::not_found(format!(
+                "previous response {prev:?} not found (unknown, expired, or stored with store: false)"
+            ))
+            .with_code("previous_response_not_found")
+        })?;
+        conversation = stored.messages;
+        if instructions.is_none() {
+            instructions = stored.instructions;
+        }
+    }
+    conversation.extend(input::messages(input)?);
+    let messages = normalize_messages(&Value::Array(with_system(
+        instructions.as_deref(),
+        &conversation,
+    )))?;
+    let tools = validate_tools(&Value::Array(input::tools(req.tools.as_ref())?))?;
+    let choice = openai_tool_choice(req.tool_choice.as_ref())?;
+    let tools_active = !tools.is_empty() && choice != ToolChoice::None;
+    let format = state.info.tool_format();
+    let mut grammar = text_format(req.text.as_ref())?;
+    if tools_active && let Some(forced) = forced_call(&state.info, format, &tools, &choice)? {
+        if grammar.is_some() {
+            return Err(ApiError::bad_request(
+                "text.format cannot be combined with a tool_choice that forces a call",
+            ));
+        }
+        grammar = Some(forced);
+    } else if !tools_active && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+        return Err(ApiError::bad_request(
+            "tool_choice requires a tool call but no tools were given",
+        ));
+    }
+    let grammar = crate::structured::compile(&state.info, grammar)?;
+    let vars = thinking_vars(req.reasoning.as_ref())?;
+    let prompt = chat_prompt(
+        &state.info,
+        &messages,
+        tools_active.then_some(tools.as_slice()),
+        vars.as_ref(),
+    )?;
+    let max_tokens = plan_max_tokens(
+        state,
+        prompt.ids.len(),
+        req.max_output_tokens,
+        DEFAULT_CHAT_MAX_TOKENS,
+        "max_output_tokens",
+    )?;
+    let sampling = req.sampling.resolve(state, false, 0, true)?;
+    let shape = TurnShape {
+        thinking_open: prompt.thinking_open,
+        tools: tools_active.then_some(format),
+    };
+    let ctx = ResponseContext {
+        id: state.new_id("resp_"),
+        created_at: unix_now(),
+        echo: echo(req, &sampling, max_tokens, instructions.as_deref()),
+        conversation: conversation
+            .into_iter()
+            .filter(|m| !matches!(m["role"].as_str(), Some("system" | "developer")))
+            .collect(),
+        instructions,
+        store: req.store.unwrap_or(true),
+    };
+    let prepared = Prepared {
+        prompt: prompt.ids,
+        max_tokens,
+        sampling,
+        stop: Vec::new(),
+        ignore_eos: false,
+        adapters: crate::adapters::resolve(state, req.adapter.as_ref())?,
+        grammar,
+    };
+    Ok(ResponsesPlan {
+        prepared,
+        shape,
+        ctx,
+    })
+}
+
+/// The request fields a response object repeats.
+fn echo(
+    req: &ResponsesRequest,
+    sampling: &kiln_engine::sampler::SamplingParams,
+    max_tokens: usize,
+    instructions: Option<&str>,
+) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("instructions".into(), json!(instructions));
+    m.insert(
+        "max_output_tokens".into(),
+        json!(req.max_output_tokens.map(|_| max_tokens)),
+    );
+    m.insert("temperature".into(), json!(sampling.temperature));
+    m.insert(
+        "top_p".into(),
+        json!(if sampling.top_p > 0.0 {
+            sampling.top_p
+        } else {
+            1.0
+        }),
+    );
+    m.insert("tools".into(), req.tools.clone().unwrap_or(json!([])));
+    m.insert(
+        "tool_choice".into(),
+        req.tool_choice.clone().unwrap_or(json!("auto")),
+    );
+    m.insert(
+        "previous_response_id".into(),
+        json!(req.previous_response_id),
+    );
+    m.insert("store".into(), json!(req.store.unwrap_or(true)));
+    m.insert("metadata".into(), req.metadata.clone().unwrap_or(json!({})));
+    m.insert(
+        "parallel_tool_calls".into(),
+        json!(req.parallel_tool_calls.unwrap_or(true)),
+    );
+    let format = req
+        .text
+        .as_ref()
+        .and_then(|t| t.get("format"))
+        .cloned()
+        .unwrap_or(json!({"type": "text"}));
+    m.insert("text".into(), json!({"format": format}));
+    m
+}
+
+/// The handler.
+pub async fn handler(
+    State(state): State<SharedState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: ResponsesRequest = parse_request(body, Flavor::OpenAi)?;
+    let st = state.clone();
+    let (req, plan) = blocking(Flavor::OpenAi, move || {
+        let p = plan(&st, &req)?;
+        Ok((req, p))
+    })
+    .await?;
+    let rx = submit(&state, plan.prepared, Flavor::OpenAi)?;
+    if req.stream.unwrap_or(false) {
+        let framer = ResponsesFramer::new(state.clone(), plan.ctx, plan.shape);
+        return Ok(sse_response(rx, framer));
+    }
+    let out = collect(rx, Flavor::OpenAi).await?;
+    let turn = TurnBuilder::whole(plan.shape, &out.text, || state.new_id("call_"));
+    render::remember(&state, &plan.ctx, &turn);
+    let items = render::output_items(&state, &turn);
+    let reasoning = render::reasoning_tokens(&state, &turn);
+    let body = render::response_object(&state, &plan.ctx, items, Some(&out), reasoning);
+    Ok(axum::Json(body).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instructions_and_system_items_merge_first() {
+        let conv = vec![
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "developer", "content": "be brief"}),
+        ];
+        let m = with_system(Some("You are kiln."), &conv);
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            m[0],
+            json!({"role": "system", "content": "You are kiln.\n\nbe brief"})
+        );
+        assert_eq!(m[1]["role"], "user");
+        assert_eq!(with_system(None, &conv[..1]).len(), 1);
+    }
+}

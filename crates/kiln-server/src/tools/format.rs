@@ -1,0 +1,136 @@
+//! Which tool-call markup a model writes, read once from its chat template (as llama.cpp's
+//! `common_chat_format` does): the stream filter watches only that format's markers, and a forced
+//! call is constrained to that format's shape.
+
+use serde_json::{Value, json};
+
+/// A model's tool-call markup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFormat {
+    /// Hermes / Qwen 2.5: `<tool_call>{"name":…, "arguments":…}</tool_call>`.
+    Hermes,
+    /// Qwen 3 Coder: `<tool_call><function=NAME><parameter=K>V</parameter></function>`.
+    QwenXml,
+    /// Llama 3.x: a bare `{"name":…, "parameters":…}` object, optionally after `<|python_tag|>`.
+    Llama3,
+    /// Mistral: `[TOOL_CALLS][{"name":…, "arguments":…}]`.
+    Mistral,
+    /// The template names no markup: every known format is accepted, Hermes is written.
+    Generic,
+}
+
+impl ToolFormat {
+    /// The format a chat template's source implies.
+    pub fn detect(template: &str) -> Self {
+        if template.contains("<function=") && template.contains("<parameter=") {
+            Self::QwenXml
+        } else if template.contains("<tool_call>") {
+            Self::Hermes
+        } else if template.contains("[TOOL_CALLS]") {
+            Self::Mistral
+        } else if template.contains("<|python_tag|>")
+            || (template.contains("<|eot_id|>") && template.contains("\"parameters\""))
+        {
+            Self::Llama3
+        } else {
+            Self::Generic
+        }
+    }
+
+    /// Strings that start this format's markup (content is withheld once one appears).
+    pub fn markers(self) -> &'static [&'static str] {
+        match self {
+            Self::Hermes => &["<tool_call>"],
+            Self::QwenXml => &["<tool_call>", "<function="],
+            Self::Llama3 => &["<|python_tag|>"],
+            Self::Mistral => &["[TOOL_CALLS]"],
+            Self::Generic => &super::MARKERS,
+        }
+    }
+
+    /// Whether an answer that opens with a bare JSON object may be a call.
+    pub fn bare_json(self) -> bool {
+        matches!(self, Self::Llama3 | Self::Generic)
+    }
+
+    /// A Lark grammar (llguidance) for exactly one call to one of `tools` in this format: the
+    /// name one of theirs, the arguments valid against that tool's `parameters` schema.
+    /// `special_id` gives the id of a marker that is a special token (written as that token).
+    pub fn forced_call_grammar(
+        self,
+        tools: &[&Value],
+        special_id: impl Fn(&str) -> Option<u32>,
+    ) -> String {
+        let args_key = if self == Self::Llama3 {
+            "parameters"
+        } else {
+            "arguments"
+        };
+        let alternatives: Vec<Value> = tools
+            .iter()
+            .map(|t| {
+                let f = &t["function"];
+                let params = match f.get("parameters") {
+                    Some(p) if p.is_object() => p.clone(),
+                    _ => json!({"type": "object"}),
+                };
+                json!({
+                    "type": "object",
+                    "properties": {"name": {"const": f["name"]}, args_key: params},
+                    "required": ["name", args_key],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        let schema = json!({
+            "anyOf": alternatives,
+            "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false},
+        });
+        let call = format!("call: %json {schema}");
+        let lit = |s: &str| match special_id(s) {
+            Some(id) => format!("<[{id}]>"),
+            None => Value::from(s).to_string(),
+        };
+        match self {
+            Self::Hermes | Self::QwenXml | Self::Generic => format!(
+                "start: {} \"\\n\" call \"\\n\" {}\n{call}\n",
+                lit("<tool_call>"),
+                lit("</tool_call>")
+            ),
+            Self::Mistral => format!("start: {} \"[\" call \"]\"\n{call}\n", lit("[TOOL_CALLS]")),
+            Self::Llama3 => format!("start: call\n{call}\n"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_formats_from_templates() {
+        assert_eq!(
+            ToolFormat::detect("{{ '<tool_call>\\n' }}"),
+            ToolFormat::Hermes
+        );
+        assert_eq!(
+            ToolFormat::detect("<tool_call>\n<function={{ name }}>\n<parameter=x>"),
+            ToolFormat::QwenXml
+        );
+        assert_eq!(ToolFormat::detect("[TOOL_CALLS]"), ToolFormat::Mistral);
+        assert_eq!(ToolFormat::detect("<|python_tag|>"), ToolFormat::Llama3);
+        assert_eq!(ToolFormat::detect("<|im_start|>"), ToolFormat::Generic);
+    }
+
+    #[test]
+    fn forced_grammar_names_each_tool() {
+        let t = json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}});
+        let g = ToolFormat::Hermes.forced_call_grammar(&[&t], |_| None);
+        assert!(g.starts_with("start: \"<tool_call>\" \"\\n\" call"), "{g}");
+        assert!(g.contains(r#""const":"f""#), "{g}");
+        let g = ToolFormat::Mistral.forced_call_grammar(&[&t], |_| Some(5));
+        assert!(g.starts_with("start: <[5]> \"[\" call"), "{g}");
+        let g = ToolFormat::Llama3.forced_call_grammar(&[&t], |_| None);
+        assert!(g.contains("\"parameters\""), "{g}");
+    }
+}
