@@ -53,11 +53,16 @@ def test_completions(oai):
     assert "".join(ch.choices[0].text for ch in chunks) == r.choices[0].text
     assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
-    # Streamed legacy logprobs ride on the last chunk.
+    # Streamed legacy logprobs go out with their tokens' text: chunks carry them, and joined
+    # they cover every token, in order, with text_offset running through the whole text.
     chunks = list(oai.completions.create(model="x", prompt="The sky is", temperature=0, max_tokens=12,
                                          stream=True, logprobs=2))
-    lp = chunks[-1].choices[0].logprobs
-    assert len(lp.tokens) == r.usage.completion_tokens and len(lp.top_logprobs[0]) == 2
+    carried = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs and c.choices[0].logprobs.tokens]
+    assert len(carried) > 1, "logprobs arrived all at once"
+    tokens = [t for lp in carried for t in lp.tokens]
+    offsets = [o for lp in carried for o in lp.text_offset]
+    assert len(tokens) == r.usage.completion_tokens and len(carried[0].top_logprobs[0]) == 2
+    assert offsets == sorted(offsets) and offsets[0] == 0
 
 
 def test_logprobs_and_exact_usage(oai, anth):
@@ -73,10 +78,14 @@ def test_logprobs_and_exact_usage(oai, anth):
         assert tok.token == tok.top_logprobs[0].token
         assert abs(tok.logprob - tops[0]) < 1e-5
     assert "".join(bytes(t.bytes).decode("utf-8", "replace") for t in content) == r.choices[0].message.content
-    # Streamed: the logprobs arrive (on the finishing chunk) and agree with the non-streamed ones.
+    # Streamed: the logprobs arrive with their tokens' content (not all at the end) and agree
+    # with the non-streamed ones.
     chunks = list(oai.chat.completions.create(
         model="x", messages=MSGS, temperature=0, max_tokens=10, logprobs=True, top_logprobs=3, stream=True))
-    streamed = [t for ch in chunks if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
+    with_lp = [ch for ch in chunks if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content]
+    assert len(with_lp) > 1, "logprobs arrived all at once"
+    assert all(ch.choices[0].delta.content for ch in with_lp[:-1])
+    streamed = [t for ch in with_lp for t in ch.choices[0].logprobs.content]
     assert [t.token for t in streamed] == [t.token for t in content]
     # The prompt count agrees with Anthropic's count_tokens for the same conversation.
     n = anth.messages.count_tokens(model="x", messages=MSGS).input_tokens

@@ -28,6 +28,8 @@ pub(crate) struct Decoding {
     prompt_len: usize,
     budget: usize,
     out: GenerateOutput,
+    /// Logprob entries already handed out with emitted text.
+    logprobs_sent: usize,
     started: Instant,
     prefilled_at: Option<Instant>,
     first_token_at: Option<Instant>,
@@ -37,6 +39,10 @@ pub(crate) struct Decoding {
     computed_prompt: usize,
     done: bool,
 }
+
+/// Receives released text with the logprob entries of the tokens that produced it (empty when
+/// logprobs were not asked for); `false` cancels.
+pub(crate) type Emit<'a> = dyn FnMut(&str, &[TokenLogprob]) -> bool + 'a;
 
 /// What a sample left the sequence doing.
 pub(crate) enum Next {
@@ -69,6 +75,7 @@ impl Decoding {
             prompt_len: req.prompt.len(),
             budget: req.max_tokens.min(room),
             out: GenerateOutput::default(),
+            logprobs_sent: 0,
             started: Instant::now(),
             prefilled_at: None,
             first_token_at: None,
@@ -93,7 +100,7 @@ impl Decoding {
     pub(crate) fn accept(
         &mut self,
         logits: &mut [f32],
-        emit: &mut dyn FnMut(&str) -> bool,
+        emit: &mut Emit<'_>,
     ) -> Result<Next, EngineError> {
         if self.done || self.budget == 0 {
             self.done = true;
@@ -136,7 +143,13 @@ impl Decoding {
             .map_err(|e| EngineError::Detok(e.to_string()))?;
         let released = self.stops.push(&piece);
         self.out.text.push_str(&released.emit);
-        let cancelled = !released.emit.is_empty() && !emit(&released.emit);
+        let cancelled = !released.emit.is_empty()
+            && !emit_with(
+                &self.out.logprobs,
+                &mut self.logprobs_sent,
+                &released.emit,
+                emit,
+            );
         if let Some(i) = released.stopped {
             self.out.stop_index = Some(i);
             self.out.finish_reason = FinishReason::Stop;
@@ -162,12 +175,8 @@ impl Decoding {
 
     /// The output, after flushing held-back text through `emit` (unless a stop string matched
     /// or the sequence was cancelled).
-    pub(crate) fn finish(
-        mut self,
-        emit: &mut dyn FnMut(&str) -> bool,
-    ) -> Result<GenerateOutput, EngineError> {
-        let mut out = std::mem::take(&mut self.out);
-        if out.stop_index.is_none() && out.finish_reason != FinishReason::Cancelled {
+    pub(crate) fn finish(mut self, emit: &mut Emit<'_>) -> Result<GenerateOutput, EngineError> {
+        if self.out.stop_index.is_none() && self.out.finish_reason != FinishReason::Cancelled {
             let rest = self
                 .detok
                 .flush()
@@ -175,16 +184,17 @@ impl Decoding {
             let released = self.stops.push(&rest);
             let mut tail = released.emit;
             if let Some(i) = released.stopped {
-                out.stop_index = Some(i);
-                out.finish_reason = FinishReason::Stop;
+                self.out.stop_index = Some(i);
+                self.out.finish_reason = FinishReason::Stop;
             } else {
                 tail.push_str(&self.stops.finish());
             }
             if !tail.is_empty() {
-                emit(&tail);
+                emit_with(&self.out.logprobs, &mut self.logprobs_sent, &tail, emit);
             }
-            out.text.push_str(&tail);
+            self.out.text.push_str(&tail);
         }
+        let mut out = std::mem::take(&mut self.out);
         let end = Instant::now();
         let since = |t: Option<Instant>| t.map_or(0.0, |t| (t - self.started).as_secs_f64());
         let prefill_secs = since(self.prefilled_at);
@@ -202,6 +212,14 @@ impl Decoding {
         };
         Ok(out)
     }
+}
+
+/// Hands `text` to `emit` with the logprob entries after the first `sent` (the tokens generated
+/// since the last emission), so streams carry each token's logprobs with its text.
+fn emit_with(all: &[TokenLogprob], sent: &mut usize, text: &str, emit: &mut Emit<'_>) -> bool {
+    let fresh = &all[(*sent).min(all.len())..];
+    *sent = all.len();
+    emit(text, fresh)
 }
 
 /// A prompt of `prompt` tokens must leave room for one generated token in the context.

@@ -240,3 +240,45 @@ fn bad_schemas_are_refused_when_compiled() {
     );
     assert!(c.compile(&GrammarSpec::Lark("start: ((".into())).is_err());
 }
+
+#[test]
+fn a_lazy_grammar_waits_for_its_trigger_then_constrains_until_complete() {
+    let e = engine();
+    let c = compiler(&e);
+    let tok = &e.model().tokenizer;
+    let src = r#"start: "\n" call "\n</tool_call>"
+call: %json {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x"], "additionalProperties": false}
+"#;
+    let g = c
+        .compile_lazy(&GrammarSpec::Lark(src.into()), "<tool_call>")
+        .expect("compile");
+    let mut k = g.start();
+    let vocab = e.model().config.vocab_size;
+    let feed = |k: &mut kiln_engine::structured::Constraint, text: &str| {
+        for id in tok.encode(text, false).expect("encode") {
+            let mut logits = vec![0.0f32; vocab];
+            k.mask(&mut logits).expect("mask");
+            assert!(
+                logits[id as usize].is_finite(),
+                "{text:?}: token {id} was masked"
+            );
+            k.accept(id).expect("accept");
+        }
+    };
+    let allowed = |k: &mut kiln_engine::structured::Constraint| {
+        let mut logits = vec![0.0f32; vocab];
+        k.mask(&mut logits).expect("mask");
+        logits.iter().filter(|l| l.is_finite()).count()
+    };
+    feed(&mut k, "Sure, let me look that up. ");
+    assert!(!k.active());
+    assert_eq!(allowed(&mut k), vocab, "free text before the trigger");
+    feed(&mut k, "<tool_call>");
+    assert!(k.active(), "the trigger starts the grammar");
+    assert!(allowed(&mut k) < 10, "only the call's shape may follow");
+    feed(&mut k, "\n{\"x\": 7}\n</tool_call>");
+    assert!(!k.active(), "a complete call frees the output again");
+    assert!(!k.finished(), "a lazy grammar never ends the answer");
+    feed(&mut k, " Done. <tool_call>");
+    assert!(k.active(), "a second call is constrained too");
+}

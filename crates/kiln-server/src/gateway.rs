@@ -187,6 +187,8 @@ impl<G: OneAtATime> Generator for Serial<G> {
 pub enum Event {
     /// Text that is safe to show (stop strings and partial UTF-8 already held back).
     Text(String),
+    /// The logprobs of the tokens behind the next `Text` (only when asked for).
+    Logprobs(Vec<kiln_engine::generate::TokenLogprob>),
     /// Generation finished (including cancelled).
     Done(Box<GenerateOutput>),
     /// Generation failed; the message is safe to show.
@@ -261,6 +263,10 @@ struct GatewaySink {
 impl SequenceSink for GatewaySink {
     fn text(&mut self, piece: &str) -> bool {
         self.events.send(Event::Text(piece.to_owned())).is_ok()
+    }
+
+    fn logprobs(&mut self, entries: &[kiln_engine::generate::TokenLogprob]) {
+        let _ = self.events.send(Event::Logprobs(entries.to_vec()));
     }
 
     fn is_closed(&self) -> bool {

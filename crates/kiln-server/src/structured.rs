@@ -237,6 +237,44 @@ pub fn forced_call(
     )))
 }
 
+/// Under `tool_choice: "auto"`, the tools with `strict: true` constrain a call's name and
+/// arguments lazily: from the format's call marker on, once the model writes it. `None` when no
+/// tool is strict, or the format has no marker (Llama 3's bare JSON).
+pub fn lazy_strict_call(
+    info: &ModelInfo,
+    format: ToolFormat,
+    tools: &[Value],
+) -> Result<Option<Grammar>, ApiError> {
+    let strict: Vec<Value> = tools
+        .iter()
+        .filter(|t| t["function"]["strict"] == Value::Bool(true))
+        .map(|t| {
+            let mut t = t.clone();
+            close_objects(&mut t["function"]["parameters"]);
+            t
+        })
+        .collect();
+    let Some(trigger) = format.trigger().filter(|_| !strict.is_empty()) else {
+        return Ok(None);
+    };
+    let refs: Vec<&Value> = strict.iter().collect();
+    let src = format.after_trigger_grammar(&refs, |s| special_id(info, s));
+    info.grammar_compiler()?
+        .compile_lazy(&GrammarSpec::Lark(src), trigger)
+        .map(Some)
+        .map_err(|e| ApiError::bad_request(format!("invalid or unsupported tool schema: {e}")))
+}
+
+fn special_id(info: &ModelInfo, s: &str) -> Option<u32> {
+    info.tokenizer.id_of(s).filter(|&id| {
+        info.tokenizer
+            .inner()
+            .get_added_tokens_decoder()
+            .get(&id)
+            .is_some_and(|t| t.special)
+    })
+}
+
 /// Compiles `spec` for the served model; a schema it cannot follow is a 400 naming why.
 pub fn compile(info: &ModelInfo, spec: Option<GrammarSpec>) -> Result<Option<Grammar>, ApiError> {
     let Some(spec) = spec else {

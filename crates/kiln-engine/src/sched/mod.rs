@@ -29,6 +29,11 @@ use crate::sequence::{Decoding, Next};
 pub trait SequenceSink: Send {
     /// A piece of text safe to show; `false` when nobody listens any more (cancels).
     fn text(&mut self, piece: &str) -> bool;
+    /// The logprobs of the tokens behind the next `text` piece (only when asked for; the
+    /// output at the end holds them all, including any whose text never came out).
+    fn logprobs(&mut self, entries: &[crate::generate::TokenLogprob]) {
+        let _ = entries;
+    }
     /// Whether the listener left; polled every step, so a cancelled sequence frees its slot
     /// at the next step even while it prefills.
     fn is_closed(&self) -> bool;
@@ -36,6 +41,18 @@ pub trait SequenceSink: Send {
     fn finished(&mut self, out: GenerateOutput);
     /// The sequence failed; the message is safe to show.
     fn failed(&mut self, message: &str);
+}
+
+/// Hands released text, after its tokens' logprobs, to `sink`.
+fn forward(
+    sink: &mut dyn SequenceSink,
+    text: &str,
+    logprobs: &[crate::generate::TokenLogprob],
+) -> bool {
+    if !logprobs.is_empty() {
+        sink.logprobs(logprobs);
+    }
+    sink.text(text)
 }
 
 /// Decides whether a new sequence may start (`--job-policy exclusive`: not while a heavy job
@@ -326,7 +343,7 @@ impl<B: Backend> Engine<B> {
                 .park(slot, &seq.dec.history[..seq.computed], namespace);
         }
         let sink = &mut seq.sink;
-        match seq.dec.finish(&mut |t| sink.text(t)) {
+        match seq.dec.finish(&mut |t, lp| forward(sink.as_mut(), t, lp)) {
             Ok(out) => sink.finished(out),
             Err(e) => {
                 self.sched.stats.failed_total += 1;
@@ -568,7 +585,7 @@ impl<B: Backend> Engine<B> {
             }
             let row = &mut logits[k * vocab..(k + 1) * vocab];
             let Seq { dec, sink, .. } = seq;
-            match dec.accept(row, &mut |t| sink.text(t)) {
+            match dec.accept(row, &mut |t, lp| forward(sink.as_mut(), t, lp)) {
                 Ok(Next::Feed) => {}
                 Ok(Next::Done) => done.push((i, None)),
                 Err(e) => done.push((i, Some(e.to_string()))),

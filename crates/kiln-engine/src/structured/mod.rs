@@ -9,6 +9,7 @@
 mod vocab;
 
 use std::fmt;
+use std::sync::Arc;
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
@@ -40,6 +41,7 @@ pub enum GrammarSpec {
 /// Compiles grammars for one model's vocabulary (built once per model; cheap to share).
 pub struct GrammarCompiler {
     factory: ParserFactory,
+    env: toktrie::TokEnv,
 }
 
 impl fmt::Debug for GrammarCompiler {
@@ -66,7 +68,24 @@ impl GrammarCompiler {
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         factory.quiet();
-        Ok(Self { factory })
+        Ok(Self { factory, env })
+    }
+
+    /// Compiles `spec` as a lazy grammar: output is free until it contains `trigger` (a
+    /// tool-call marker), then what follows the trigger must match `spec`; once it is complete
+    /// the output is free again (and the trigger may start another match).
+    pub fn compile_lazy(&self, spec: &GrammarSpec, trigger: &str) -> Result<Grammar, GrammarError> {
+        if trigger.is_empty() {
+            return Err(GrammarError::Invalid(
+                "a lazy grammar needs a trigger".into(),
+            ));
+        }
+        let mut g = self.compile(spec)?;
+        g.lazy = Some(Arc::new(Lazy {
+            trigger: trigger.as_bytes().to_vec(),
+            env: self.env.clone(),
+        }));
+        Ok(g)
     }
 
     /// Compiles `spec`; errors name what in it is wrong or unsupported.
@@ -93,6 +112,7 @@ impl GrammarCompiler {
         }
         Ok(Grammar {
             matcher: matcher.deep_clone(),
+            lazy: None,
         })
     }
 }
@@ -122,6 +142,13 @@ fn with_layout(schema: &Value) -> Result<Value, GrammarError> {
 #[derive(Clone)]
 pub struct Grammar {
     matcher: Matcher,
+    lazy: Option<Arc<Lazy>>,
+}
+
+/// What a lazy grammar waits for, and the vocabulary to re-tokenize the bytes after it.
+struct Lazy {
+    trigger: Vec<u8>,
+    env: toktrie::TokEnv,
 }
 
 impl fmt::Debug for Grammar {
@@ -142,6 +169,12 @@ impl Grammar {
     pub fn start(&self) -> Constraint {
         Constraint {
             matcher: self.matcher.deep_clone(),
+            lazy: self.lazy.as_ref().map(|l| LazyState {
+                lazy: l.clone(),
+                fresh: self.matcher.clone(),
+                active: false,
+                tail: Vec::new(),
+            }),
         }
     }
 }
@@ -149,17 +182,36 @@ impl Grammar {
 /// One sequence's position in its grammar.
 pub struct Constraint {
     matcher: Matcher,
+    lazy: Option<LazyState>,
+}
+
+/// A lazy constraint's state: waiting for the trigger (with the recent output bytes), or
+/// matching.
+struct LazyState {
+    lazy: Arc<Lazy>,
+    fresh: Matcher,
+    active: bool,
+    tail: Vec<u8>,
 }
 
 impl Constraint {
-    /// Whether the grammar is complete and admits nothing more (generation should end).
+    /// Whether the grammar is complete and admits nothing more (generation should end). A
+    /// lazy grammar never ends generation: it goes back to waiting for its trigger.
     pub fn finished(&self) -> bool {
-        self.matcher.is_stopped()
+        self.lazy.is_none() && self.matcher.is_stopped()
+    }
+
+    /// Whether the grammar constrains the next token (a lazy one only once triggered).
+    pub fn active(&self) -> bool {
+        self.lazy.as_ref().is_none_or(|l| l.active)
     }
 
     /// Sets the logit of every token the grammar forbids now to `-inf`. At a point where the
     /// grammar may end, the end-of-sequence tokens stay allowed.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
+        if !self.active() {
+            return Ok(());
+        }
         let allowed = self
             .matcher
             .compute_mask_or_eos()
@@ -177,10 +229,48 @@ impl Constraint {
         Ok(())
     }
 
-    /// Advances past the sampled `token`.
+    /// Advances past the sampled `token` (a lazy grammar watches its bytes for the trigger).
     pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
-        self.matcher
-            .consume_token(token)
-            .map_err(|e| GrammarError::Runtime(e.to_string()))
+        let Some(l) = &mut self.lazy else {
+            return self.matcher.consume_token(token).map_err(runtime);
+        };
+        if l.active {
+            self.matcher.consume_token(token).map_err(runtime)?;
+            if self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false) {
+                // The call is complete: free text again, and a new match on the next trigger.
+                l.active = false;
+                l.tail.clear();
+                self.matcher = l.fresh.deep_clone();
+            }
+            return Ok(());
+        }
+        l.tail.extend_from_slice(l.lazy.env.tok_trie().token(token));
+        let Some(at) = find(&l.tail, &l.lazy.trigger) else {
+            // Keep only what could still hold the start of the trigger.
+            let keep = l.lazy.trigger.len().saturating_sub(1);
+            let cut = l.tail.len().saturating_sub(keep);
+            l.tail.drain(..cut);
+            return Ok(());
+        };
+        // Triggered: the bytes after the trigger (the rest of this token) are the grammar's
+        // first bytes; the grammar reads bytes, so their own tokenization feeds it.
+        let rest = l.tail[at + l.lazy.trigger.len()..].to_vec();
+        l.tail.clear();
+        l.active = true;
+        let tokens = l.lazy.env.tokenize_bytes(&rest);
+        if self.matcher.consume_tokens(&tokens).is_err() {
+            // What followed the trigger is not the call's shape: leave this one free.
+            l.active = false;
+            self.matcher = l.fresh.deep_clone();
+        }
+        Ok(())
     }
+}
+
+fn runtime(e: impl fmt::Display) -> GrammarError {
+    GrammarError::Runtime(e.to_string())
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
 }

@@ -169,7 +169,12 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
             "tool_choice requires a tool call but no tools were given",
         ));
     }
-    let grammar = crate::structured::compile(&state.info, grammar)?;
+    let grammar = match crate::structured::compile(&state.info, grammar)? {
+        None if tools_active && choice == ToolChoice::Auto => {
+            crate::structured::lazy_strict_call(&state.info, format, &tools)?
+        }
+        g => g,
+    };
     let logprobs = match &req.logprobs {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,

@@ -2,6 +2,7 @@
 //! (usage) → `[DONE]`, rendered from the typed turn.
 
 use kiln_engine::GenerateOutput;
+use kiln_engine::generate::TokenLogprob;
 use serde_json::{Value, json};
 
 use super::usage;
@@ -17,6 +18,10 @@ pub struct ChatFramer {
     include_usage: bool,
     logprobs: bool,
     turn: TurnBuilder,
+    /// Logprobs of tokens whose text has not gone out yet.
+    pending: Vec<TokenLogprob>,
+    /// Logprob entries already sent.
+    sent: usize,
 }
 
 /// `tool_calls` of a turn (`indexed`: with the `index` stream deltas carry).
@@ -46,6 +51,8 @@ impl ChatFramer {
     ) -> Self {
         Self {
             turn: TurnBuilder::new(shape),
+            pending: Vec::new(),
+            sent: 0,
             logprobs,
             state,
             id,
@@ -68,15 +75,29 @@ impl ChatFramer {
         }))
     }
 
-    /// Reasoning deltas as `{reasoning}`, content as `{content}`.
-    fn deltas(&self, deltas: Vec<Delta>) -> String {
-        deltas
-            .into_iter()
-            .map(|d| match d {
-                Delta::Reasoning(r) => self.chunk(json!({"reasoning": r}), None),
-                Delta::Content(c) => self.chunk(json!({"content": c}), None),
-            })
-            .collect()
+    /// Reasoning deltas as `{reasoning}`, content as `{content}`; the pending logprobs ride
+    /// on the first chunk.
+    fn deltas(&mut self, deltas: Vec<Delta>) -> String {
+        let mut frames = String::new();
+        for d in deltas {
+            let delta = match d {
+                Delta::Reasoning(r) => json!({"reasoning": r}),
+                Delta::Content(c) => json!({"content": c}),
+            };
+            let lp = self.take_pending();
+            frames.push_str(&self.chunk_with(delta, None, lp));
+        }
+        frames
+    }
+
+    /// The pending logprobs in OpenAI's shape (`null` when none, or not asked for).
+    fn take_pending(&mut self) -> Value {
+        if self.pending.is_empty() {
+            return Value::Null;
+        }
+        self.sent += self.pending.len();
+        let lp = std::mem::take(&mut self.pending);
+        super::logprobs::chat(&self.state.info.tokenizer, &lp)
     }
 }
 
@@ -90,6 +111,12 @@ impl Framer for ChatFramer {
         self.deltas(deltas)
     }
 
+    fn logprobs(&mut self, entries: Vec<TokenLogprob>) {
+        if self.logprobs {
+            self.pending.extend(entries);
+        }
+    }
+
     fn done(&mut self, out: &GenerateOutput) -> String {
         let state = self.state.clone();
         let (tail, turn) = self.turn.finish(|| state.new_id("call_"));
@@ -97,10 +124,12 @@ impl Framer for ChatFramer {
         if !turn.calls.is_empty() {
             frames.push_str(&self.chunk(json!({"tool_calls": tool_calls(&turn, true)}), None));
         }
-        // Text streams before the engine reports per-token logprobs, so they all ride on the
-        // finishing chunk; SDKs concatenate `logprobs.content` across chunks.
+        // Logprobs go out with their tokens' text; those of tokens whose text was withheld
+        // (tool markup) or never came out ride on the finishing chunk. SDKs concatenate
+        // `logprobs.content` across chunks.
         let lp = if self.logprobs {
-            super::logprobs::chat(&self.state.info.tokenizer, &out.logprobs)
+            let rest = out.logprobs.get(self.sent..).unwrap_or_default();
+            super::logprobs::chat(&self.state.info.tokenizer, rest)
         } else {
             Value::Null
         };

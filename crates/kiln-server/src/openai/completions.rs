@@ -145,6 +145,9 @@ pub async fn handler(
                 id,
                 created: unix_now(),
                 top,
+                pending: Vec::new(),
+                sent: 0,
+                offset: 0,
             },
         ));
     }
@@ -171,16 +174,30 @@ struct CompletionFramer {
     created: u64,
     /// Legacy `logprobs` (alternatives per token), when asked for.
     top: Option<usize>,
+    /// Logprobs of tokens whose text has not gone out yet.
+    pending: Vec<kiln_engine::generate::TokenLogprob>,
+    /// Logprob entries already sent.
+    sent: usize,
+    /// `text_offset` of the next token.
+    offset: usize,
 }
 
 impl CompletionFramer {
-    fn chunk(&self, text: &str) -> String {
+    fn chunk(&mut self, text: &str) -> String {
+        let lp = match self.top {
+            Some(k) if !self.pending.is_empty() => {
+                let lp = std::mem::take(&mut self.pending);
+                self.sent += lp.len();
+                logprobs::completion_from(&self.state.info.tokenizer, &lp, k > 0, &mut self.offset)
+            }
+            _ => Value::Null,
+        };
         data_frame(&json!({
             "id": self.id,
             "object": "text_completion",
             "created": self.created,
             "model": self.state.info.id,
-            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": null}],
+            "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": null}],
         }))
     }
 }
@@ -194,6 +211,12 @@ impl Framer for CompletionFramer {
         self.chunk(piece)
     }
 
+    fn logprobs(&mut self, entries: Vec<kiln_engine::generate::TokenLogprob>) {
+        if self.top.is_some() {
+            self.pending.extend(entries);
+        }
+    }
+
     fn done(&mut self, out: &GenerateOutput) -> String {
         let mut last = json!({
             "id": self.id,
@@ -204,11 +227,16 @@ impl Framer for CompletionFramer {
                          "finish_reason": finish_reason_str(out, false)}],
             "usage": usage(out),
         });
-        // As for chat: per-token logprobs are known only at the end, so they ride on the last
-        // chunk (with an empty text, so `tokens` and the streamed text still line up).
+        // Logprobs went out with their text; the tokens whose text never came out (held back
+        // at a stop string, or none) ride on the last chunk, whose text is empty.
         if let Some(k) = self.top {
-            last["choices"][0]["logprobs"] =
-                logprobs::completion(&self.state.info.tokenizer, &out.logprobs, k > 0);
+            let rest = out.logprobs.get(self.sent..).unwrap_or_default();
+            last["choices"][0]["logprobs"] = logprobs::completion_from(
+                &self.state.info.tokenizer,
+                rest,
+                k > 0,
+                &mut self.offset,
+            );
         }
         format!("{}data: [DONE]\n\n", data_frame(&last))
     }

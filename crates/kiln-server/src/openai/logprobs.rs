@@ -34,15 +34,25 @@ pub fn chat(tok: &KilnTokenizer, lps: &[TokenLogprob]) -> Value {
 
 /// Legacy completions: `{tokens, token_logprobs, top_logprobs, text_offset}`.
 pub fn completion(tok: &KilnTokenizer, lps: &[TokenLogprob], want_top: bool) -> Value {
+    completion_from(tok, lps, want_top, &mut 0)
+}
+
+/// [`completion`] for tokens whose text starts at `offset` (a stream's later chunk); `offset`
+/// moves past their text.
+pub fn completion_from(
+    tok: &KilnTokenizer,
+    lps: &[TokenLogprob],
+    want_top: bool,
+    offset: &mut usize,
+) -> Value {
     let mut tokens = Vec::new();
     let mut token_logprobs = Vec::new();
     let mut tops = Vec::new();
     let mut offsets = Vec::new();
-    let mut offset = 0usize;
     for lp in lps {
         let (t, _) = token_text(tok, lp.id);
-        offsets.push(offset);
-        offset += t.len();
+        offsets.push(*offset);
+        *offset += t.len();
         tokens.push(t);
         token_logprobs.push(lp.logprob);
         let mut m = Map::new();

@@ -53,6 +53,16 @@ impl ToolFormat {
         matches!(self, Self::Llama3 | Self::Generic)
     }
 
+    /// The marker that opens a call, which a lazy constraint waits for (`None`: Llama 3's bare
+    /// JSON has none).
+    pub fn trigger(self) -> Option<&'static str> {
+        match self {
+            Self::Hermes | Self::QwenXml | Self::Generic => Some("<tool_call>"),
+            Self::Mistral => Some("[TOOL_CALLS]"),
+            Self::Llama3 => None,
+        }
+    }
+
     /// A Lark grammar (llguidance) for exactly one call to one of `tools` in this format: the
     /// name one of theirs, the arguments valid against that tool's `parameters` schema.
     /// `special_id` gives the id of a marker that is a special token (written as that token).
@@ -60,6 +70,24 @@ impl ToolFormat {
         self,
         tools: &[&Value],
         special_id: impl Fn(&str) -> Option<u32>,
+    ) -> String {
+        self.call_grammar(tools, special_id, true)
+    }
+
+    /// The grammar of what follows [`ToolFormat::trigger`] in a call (a lazy constraint's).
+    pub fn after_trigger_grammar(
+        self,
+        tools: &[&Value],
+        special_id: impl Fn(&str) -> Option<u32>,
+    ) -> String {
+        self.call_grammar(tools, special_id, false)
+    }
+
+    fn call_grammar(
+        self,
+        tools: &[&Value],
+        special_id: impl Fn(&str) -> Option<u32>,
+        with_trigger: bool,
     ) -> String {
         let args_key = if self == Self::Llama3 {
             "parameters"
@@ -91,13 +119,14 @@ impl ToolFormat {
             Some(id) => format!("<[{id}]>"),
             None => Value::from(s).to_string(),
         };
+        let open = |s: &str| if with_trigger { lit(s) } else { String::new() };
         match self {
             Self::Hermes | Self::QwenXml | Self::Generic => format!(
                 "start: {} \"\\n\" call \"\\n\" {}\n{call}\n",
-                lit("<tool_call>"),
+                open("<tool_call>"),
                 lit("</tool_call>")
             ),
-            Self::Mistral => format!("start: {} \"[\" call \"]\"\n{call}\n", lit("[TOOL_CALLS]")),
+            Self::Mistral => format!("start: {} \"[\" call \"]\"\n{call}\n", open("[TOOL_CALLS]")),
             Self::Llama3 => format!("start: call\n{call}\n"),
         }
     }
@@ -130,6 +159,11 @@ mod tests {
         assert!(g.contains(r#""const":"f""#), "{g}");
         let g = ToolFormat::Mistral.forced_call_grammar(&[&t], |_| Some(5));
         assert!(g.starts_with("start: <[5]> \"[\" call"), "{g}");
+        let g = ToolFormat::Hermes.after_trigger_grammar(&[&t], |_| None);
+        assert!(
+            g.starts_with("start:  \"\\n\" call \"\\n\" \"</tool_call>\""),
+            "{g}"
+        );
         let g = ToolFormat::Llama3.forced_call_grammar(&[&t], |_| None);
         assert!(g.contains("\"parameters\""), "{g}");
     }

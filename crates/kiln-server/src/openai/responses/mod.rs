@@ -182,7 +182,12 @@ fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, Ap
             "tool_choice requires a tool call but no tools were given",
         ));
     }
-    let grammar = crate::structured::compile(&state.info, grammar)?;
+    let grammar = match crate::structured::compile(&state.info, grammar)? {
+        None if tools_active && choice == ToolChoice::Auto => {
+            crate::structured::lazy_strict_call(&state.info, format, &tools)?
+        }
+        g => g,
+    };
     let vars = thinking_vars(req.reasoning.as_ref())?;
     let prompt = chat_prompt(
         &state.info,
