@@ -74,6 +74,7 @@ fuzz_target!(|data: &[u8]| {
         let shape = TurnShape {
             thinking_open: endpoint & 4 != 0,
             tools: Some(ToolFormat::Generic),
+            max_calls: None,
         };
         let mut b = TurnBuilder::new(shape);
         let step = usize::from(endpoint % 7) + 1;

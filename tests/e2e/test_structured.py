@@ -129,6 +129,19 @@ def test_forced_tool_call_arguments_validate(oai, anth):
             assert call.function.name == "get_weather"
         if call.function.name == "get_weather":
             jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    # Parameters with $defs and $refs (what Pydantic writes) compile and validate too.
+    order = {"type": "object", "$defs": {"line": {"type": "object", "properties": {
+        "item": NAME, "qty": {"type": "integer", "minimum": 1, "maximum": 9}},
+        "required": ["item", "qty"], "additionalProperties": False}},
+        "properties": {"lines": {"type": "array", "items": {"$ref": "#/$defs/line"}, "minItems": 1, "maxItems": 3}},
+        "required": ["lines"], "additionalProperties": False}
+    r = oai.chat.completions.create(
+        model="x", max_tokens=200, messages=[{"role": "user", "content": "Order two apples."}],
+        tools=[{"type": "function", "function": {"name": "place_order", "parameters": order}}],
+        tool_choice={"type": "function", "function": {"name": "place_order"}})
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name == "place_order"
+    jsonschema.validate(json.loads(call.function.arguments), order)
     m = anth.messages.create(model="x", max_tokens=200,
                              tools=[{"name": "get_weather", "input_schema": WEATHER}],
                              tool_choice={"type": "tool", "name": "get_weather"},

@@ -30,6 +30,8 @@ pub(crate) struct Decoding {
     out: GenerateOutput,
     /// Logprob entries already handed out with emitted text.
     logprobs_sent: usize,
+    /// Time spent in the constraint (masks and grammar steps).
+    grammar_time: std::time::Duration,
     started: Instant,
     prefilled_at: Option<Instant>,
     first_token_at: Option<Instant>,
@@ -76,6 +78,7 @@ impl Decoding {
             budget: req.max_tokens.min(room),
             out: GenerateOutput::default(),
             logprobs_sent: 0,
+            grammar_time: std::time::Duration::ZERO,
             started: Instant::now(),
             prefilled_at: None,
             first_token_at: None,
@@ -115,7 +118,9 @@ impl Decoding {
                 self.done = true;
                 return Ok(Next::Done);
             }
+            let t = Instant::now();
             c.mask(logits)?;
+            self.grammar_time += t.elapsed();
         }
         self.sampler.set_step(step as u64);
         let picked = self.sampler.sample(logits, &self.history);
@@ -125,8 +130,12 @@ impl Decoding {
             self.done = true;
             return Ok(Next::Done);
         }
+        let mut grammar_done = false;
         if let Some(c) = &mut self.constraint {
+            let t = Instant::now();
             c.accept(picked.id)?;
+            grammar_done = c.finished();
+            self.grammar_time += t.elapsed();
         }
         self.out.tokens.push(picked.id);
         self.history.push(picked.id);
@@ -155,6 +164,9 @@ impl Decoding {
             self.out.finish_reason = FinishReason::Stop;
         } else if cancelled {
             self.out.finish_reason = FinishReason::Cancelled;
+        } else if grammar_done {
+            // The grammar is complete with this token: the answer ends here, as at an EOS.
+            self.out.finish_reason = FinishReason::Stop;
         } else if step + 1 < self.budget {
             return Ok(Next::Feed);
         }
@@ -208,6 +220,7 @@ impl Decoding {
             time_to_first_token_secs: since(self.first_token_at),
             prompt_tokens_per_sec: per_sec(self.computed_prompt, prefill_secs),
             decode_tokens_per_sec: per_sec(out.tokens.len().saturating_sub(1), decode_secs),
+            grammar_secs: self.grammar_time.as_secs_f64(),
             peak_rss_bytes: peak_rss_bytes(),
         };
         Ok(out)

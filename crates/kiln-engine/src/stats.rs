@@ -21,6 +21,8 @@ pub struct GenerationStats {
     pub prompt_tokens_per_sec: f64,
     /// Decode throughput (tokens per second after the first).
     pub decode_tokens_per_sec: f64,
+    /// Seconds spent following the output constraint (masks and grammar steps; 0 without one).
+    pub grammar_secs: f64,
     /// Peak resident memory of the process so far, in bytes (Linux `VmHWM`; 0 elsewhere).
     pub peak_rss_bytes: u64,
 }

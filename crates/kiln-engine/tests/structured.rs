@@ -250,7 +250,7 @@ fn a_lazy_grammar_waits_for_its_trigger_then_constrains_until_complete() {
 call: %json {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x"], "additionalProperties": false}
 "#;
     let g = c
-        .compile_lazy(&GrammarSpec::Lark(src.into()), "<tool_call>")
+        .compile_lazy(&GrammarSpec::Lark(src.into()), "<tool_call>", false)
         .expect("compile");
     let mut k = g.start();
     let vocab = e.model().config.vocab_size;
@@ -281,4 +281,27 @@ call: %json {"type": "object", "properties": {"x": {"type": "integer", "minimum"
     assert!(!k.finished(), "a lazy grammar never ends the answer");
     feed(&mut k, " Done. <tool_call>");
     assert!(k.active(), "a second call is constrained too");
+}
+
+#[test]
+fn an_answer_after_reasoning_is_constrained_from_the_end_of_the_thinking() {
+    let e = engine();
+    let c = compiler(&e);
+    let tok = &e.model().tokenizer;
+    let g = c
+        .compile_lazy(
+            &GrammarSpec::JsonSchema(json!({"enum": ["yes", "no"]})),
+            "</think>",
+            true,
+        )
+        .expect("compile");
+    let mut k = g.start();
+    for id in tok
+        .encode("Let me think. Probably yes.</think>\"no\"", false)
+        .expect("encode")
+    {
+        assert!(!k.finished());
+        k.accept(id).expect("accept");
+    }
+    assert!(k.active() && k.finished(), "the answer ends with the match");
 }

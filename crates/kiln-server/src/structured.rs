@@ -39,6 +39,11 @@ pub fn chat_response_format(v: Option<&Value>) -> Result<Option<GrammarSpec>, Ap
 
 /// Responses' `text.format`: the same kinds, with the schema fields beside `type`.
 pub fn text_format(v: Option<&Value>) -> Result<Option<GrammarSpec>, ApiError> {
+    if v.is_some_and(|t| !t.is_object() && !t.is_null()) {
+        return Err(ApiError::bad_request(
+            "text must be an object with a format",
+        ));
+    }
     let Some(format) = v.and_then(|t| t.get("format")).filter(|f| !f.is_null()) else {
         return Ok(None);
     };
@@ -91,12 +96,10 @@ pub fn close_objects(schema: &mut Value) {
     let Value::Object(obj) = schema else {
         return;
     };
-    let is_object = obj.get("type").is_some_and(|t| {
-        t == "object"
-            || t.as_array()
-                .is_some_and(|a| a.iter().any(|x| x == "object"))
-    }) || obj.contains_key("properties");
-    if is_object && !obj.contains_key("additionalProperties") {
+    // Only an object that lists its properties is closed: `additionalProperties` speaks of the
+    // sibling `properties`, so closing an object whose properties live in `anyOf` branches
+    // would admit only `{}`.
+    if obj.contains_key("properties") && !obj.contains_key("additionalProperties") {
         obj.insert("additionalProperties".into(), Value::Bool(false));
     }
     for key in ["properties", "$defs", "definitions", "patternProperties"] {
@@ -260,7 +263,7 @@ pub fn lazy_strict_call(
     let refs: Vec<&Value> = strict.iter().collect();
     let src = format.after_trigger_grammar(&refs, |s| special_id(info, s));
     info.grammar_compiler()?
-        .compile_lazy(&GrammarSpec::Lark(src), trigger)
+        .compile_lazy(&GrammarSpec::Lark(src), trigger, false)
         .map(Some)
         .map_err(|e| ApiError::bad_request(format!("invalid or unsupported tool schema: {e}")))
 }
@@ -275,14 +278,24 @@ fn special_id(info: &ModelInfo, s: &str) -> Option<u32> {
     })
 }
 
-/// Compiles `spec` for the served model; a schema it cannot follow is a 400 naming why.
-pub fn compile(info: &ModelInfo, spec: Option<GrammarSpec>) -> Result<Option<Grammar>, ApiError> {
+/// Compiles `spec` for the served model; a schema it cannot follow is a 400 naming why. When
+/// the prompt leaves the model inside `<think>` (`thinking_open`), the reasoning stays free and
+/// the answer after `</think>` is constrained.
+pub fn compile(
+    info: &ModelInfo,
+    spec: Option<GrammarSpec>,
+    thinking_open: bool,
+) -> Result<Option<Grammar>, ApiError> {
     let Some(spec) = spec else {
         return Ok(None);
     };
     let compiler = info.grammar_compiler()?;
-    compiler
-        .compile(&spec)
+    let compiled = if thinking_open {
+        compiler.compile_lazy(&spec, "</think>", true)
+    } else {
+        compiler.compile(&spec)
+    };
+    compiled
         .map(Some)
         .map_err(|e| ApiError::bad_request(format!("invalid or unsupported schema: {e}")))
 }
@@ -325,8 +338,9 @@ mod tests {
         let mut s = json!({"type": "object", "properties": {
             "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
             "b": {"type": "array", "items": {"properties": {"y": {}}}},
-            "c": {"type": "object", "additionalProperties": true}
-        }, "$defs": {"d": {"type": ["object", "null"]}}});
+            "c": {"type": "object", "additionalProperties": true},
+            "e": {"type": "object", "anyOf": [{"properties": {"p": {}}}]}
+        }, "$defs": {"d": {"type": ["object", "null"], "properties": {"z": {}}}}});
         close_objects(&mut s);
         assert_eq!(s["additionalProperties"], false);
         assert_eq!(s["properties"]["a"]["additionalProperties"], false);
@@ -334,6 +348,11 @@ mod tests {
         assert_eq!(s["properties"]["c"]["additionalProperties"], true);
         assert_eq!(s["$defs"]["d"]["additionalProperties"], false);
         assert!(s["properties"]["b"].get("additionalProperties").is_none());
+        assert!(s["properties"]["e"].get("additionalProperties").is_none());
+        assert_eq!(
+            s["properties"]["e"]["anyOf"][0]["additionalProperties"],
+            false
+        );
     }
 
     #[test]

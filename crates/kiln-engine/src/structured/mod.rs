@@ -65,16 +65,25 @@ impl GrammarCompiler {
         let env = std::panic::catch_unwind(|| vocab::tok_env(tokenizer, vocab_size)).map_err(
             |_| GrammarError::Vocabulary("the vocabulary could not be indexed".into()),
         )??;
-        let mut factory =
-            ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
+        let mut factory = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            ParserFactory::new_simple(&env)
+        }))
+        .map_err(|_| GrammarError::Vocabulary("the vocabulary could not be indexed".into()))?
+        .map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         factory.quiet();
         Ok(Self { factory, env })
     }
 
     /// Compiles `spec` as a lazy grammar: output is free until it contains `trigger` (a
-    /// tool-call marker), then what follows the trigger must match `spec`; once it is complete
-    /// the output is free again (and the trigger may start another match).
-    pub fn compile_lazy(&self, spec: &GrammarSpec, trigger: &str) -> Result<Grammar, GrammarError> {
+    /// tool-call marker, or `</think>`), then what follows the trigger must match `spec`. With
+    /// `ends_answer` the answer ends when that match is complete (an answer after reasoning);
+    /// without, the output is free again and the trigger may start another match (tool calls).
+    pub fn compile_lazy(
+        &self,
+        spec: &GrammarSpec,
+        trigger: &str,
+        ends_answer: bool,
+    ) -> Result<Grammar, GrammarError> {
         if trigger.is_empty() {
             return Err(GrammarError::Invalid(
                 "a lazy grammar needs a trigger".into(),
@@ -84,6 +93,7 @@ impl GrammarCompiler {
         g.lazy = Some(Arc::new(Lazy {
             trigger: trigger.as_bytes().to_vec(),
             env: self.env.clone(),
+            ends_answer,
         }));
         Ok(g)
     }
@@ -96,10 +106,12 @@ impl GrammarCompiler {
             }
             GrammarSpec::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
         };
-        let parser = self
-            .factory
-            .create_parser(grammar)
-            .map_err(|e| GrammarError::Invalid(e.to_string()))?;
+        let factory = &self.factory;
+        let parser = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            factory.create_parser(grammar)
+        }))
+        .map_err(|_| GrammarError::Invalid("the grammar could not be compiled".into()))?
+        .map_err(|e| GrammarError::Invalid(e.to_string()))?;
         let mut matcher = Matcher::new(Ok(parser));
         // A grammar that admits nothing fails on its first mask: refuse it now, not mid-stream.
         let first = matcher
@@ -149,6 +161,8 @@ pub struct Grammar {
 struct Lazy {
     trigger: Vec<u8>,
     env: toktrie::TokEnv,
+    /// The completed match ends the answer (else the output is free again).
+    ends_answer: bool,
 }
 
 impl fmt::Debug for Grammar {
@@ -196,9 +210,12 @@ struct LazyState {
 
 impl Constraint {
     /// Whether the grammar is complete and admits nothing more (generation should end). A
-    /// lazy grammar never ends generation: it goes back to waiting for its trigger.
+    /// lazy grammar ends generation only if it ends the answer, once triggered.
     pub fn finished(&self) -> bool {
-        self.lazy.is_none() && self.matcher.is_stopped()
+        match &self.lazy {
+            None => self.matcher.is_stopped(),
+            Some(l) => l.lazy.ends_answer && l.active && self.matcher.is_stopped(),
+        }
     }
 
     /// Whether the grammar constrains the next token (a lazy one only once triggered).
@@ -236,6 +253,10 @@ impl Constraint {
         };
         if l.active {
             self.matcher.consume_token(token).map_err(runtime)?;
+            if l.lazy.ends_answer {
+                // From the trigger on it is an ordinary constraint.
+                return Ok(());
+            }
             if self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false) {
                 // The call is complete: free text again, and a new match on the next trigger.
                 l.active = false;
@@ -254,11 +275,26 @@ impl Constraint {
         };
         // Triggered: the bytes after the trigger (the rest of this token) are the grammar's
         // first bytes; the grammar reads bytes, so their own tokenization feeds it.
-        let rest = l.tail[at + l.lazy.trigger.len()..].to_vec();
+        let mut rest = &l.tail[at + l.lazy.trigger.len()..];
+        if l.lazy.ends_answer {
+            // An answer after `</think>` may start with a blank line the grammar does not admit.
+            while let [b, tail @ ..] = rest
+                && b.is_ascii_whitespace()
+            {
+                rest = tail;
+            }
+        }
+        // The grammar reads bytes, so any split of them will do (the tokenizer's own would add
+        // SentencePiece's leading space).
+        let tokens = l.lazy.env.tok_trie().greedy_tokenize(rest);
         l.tail.clear();
         l.active = true;
-        let tokens = l.lazy.env.tokenize_bytes(&rest);
         if self.matcher.consume_tokens(&tokens).is_err() {
+            if l.lazy.ends_answer {
+                return Err(runtime(
+                    "the text after the trigger does not match the grammar",
+                ));
+            }
             // What followed the trigger is not the call's shape: leave this one free.
             l.active = false;
             self.matcher = l.fresh.deep_clone();

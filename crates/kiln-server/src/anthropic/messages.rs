@@ -49,13 +49,21 @@ fn plan(state: &SharedState, req: &MessagesRequest) -> Result<MessagesPlan, ApiE
         None => None,
     };
     let prompt = chat_prompt(&state.info, &messages, tools.as_deref(), None)?;
+    let single_call = req
+        .tool_choice
+        .as_ref()
+        .and_then(|c| c.get("disable_parallel_tool_use"))
+        .and_then(Value::as_bool)
+        == Some(true);
+    let grammar = crate::structured::compile(&state.info, grammar, prompt.thinking_open)?;
     Ok(MessagesPlan {
         shape: TurnShape {
             thinking_open: prompt.thinking_open,
             tools: tools.is_some().then_some(format),
+            max_calls: single_call.then_some(1),
         },
         prompt,
-        grammar: crate::structured::compile(&state.info, grammar)?,
+        grammar,
     })
 }
 

@@ -48,6 +48,8 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     /// `text`, `json_object` or `json_schema`: constrains the answer.
     pub response_format: Option<Value>,
+    /// `false`: at most one tool call is returned.
+    pub parallel_tool_calls: Option<bool>,
     /// Extra template variables (`enable_thinking`…).
     pub chat_template_kwargs: Option<Map<String, Value>>,
     /// Generate past EOS (vLLM extension, for benchmarks).
@@ -169,12 +171,6 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
             "tool_choice requires a tool call but no tools were given",
         ));
     }
-    let grammar = match crate::structured::compile(&state.info, grammar)? {
-        None if tools_active && choice == ToolChoice::Auto => {
-            crate::structured::lazy_strict_call(&state.info, format, &tools)?
-        }
-        g => g,
-    };
     let logprobs = match &req.logprobs {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -193,6 +189,12 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
         vars.as_ref(),
     )?;
     let (thinking_open, prompt) = (prompt.thinking_open, prompt.ids);
+    let grammar = match crate::structured::compile(&state.info, grammar, thinking_open)? {
+        None if tools_active && choice == ToolChoice::Auto => {
+            crate::structured::lazy_strict_call(&state.info, format, &tools)?
+        }
+        g => g,
+    };
     let (requested, field) = match req.max_completion_tokens {
         Some(n) => (Some(n), "max_completion_tokens"),
         None => (req.max_tokens, "max_tokens"),
@@ -217,6 +219,7 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
         shape: TurnShape {
             thinking_open,
             tools: tools_active.then_some(format),
+            max_calls: (req.parallel_tool_calls == Some(false)).then_some(1),
         },
         logprobs,
     })

@@ -94,27 +94,15 @@ impl ToolFormat {
         } else {
             "arguments"
         };
-        let alternatives: Vec<Value> = tools
+        // One `%json` rule per tool, so each tool's `$defs` can sit at the root its `$ref`s
+        // point at.
+        let rules: Vec<String> = tools
             .iter()
-            .map(|t| {
-                let f = &t["function"];
-                let params = match f.get("parameters") {
-                    Some(p) if p.is_object() => p.clone(),
-                    _ => json!({"type": "object"}),
-                };
-                json!({
-                    "type": "object",
-                    "properties": {"name": {"const": f["name"]}, args_key: params},
-                    "required": ["name", args_key],
-                    "additionalProperties": false,
-                })
-            })
+            .enumerate()
+            .map(|(i, t)| format!("c{i}: %json {}", call_schema(&t["function"], args_key)))
             .collect();
-        let schema = json!({
-            "anyOf": alternatives,
-            "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false},
-        });
-        let call = format!("call: %json {schema}");
+        let names: Vec<String> = (0..tools.len()).map(|i| format!("c{i}")).collect();
+        let call = format!("call: {}\n{}", names.join(" | "), rules.join("\n"));
         let lit = |s: &str| match special_id(s) {
             Some(id) => format!("<[{id}]>"),
             None => Value::from(s).to_string(),
@@ -130,6 +118,28 @@ impl ToolFormat {
             Self::Llama3 => format!("start: call\n{call}\n"),
         }
     }
+}
+
+/// The JSON schema of one call to `function`: its name, and its `parameters` under `args_key`,
+/// with the parameters' `$defs` / `definitions` lifted to the root.
+fn call_schema(function: &Value, args_key: &str) -> Value {
+    let mut params = match function.get("parameters") {
+        Some(p) if p.is_object() => p.clone(),
+        _ => json!({"type": "object"}),
+    };
+    let mut schema = json!({
+        "type": "object",
+        "required": ["name", args_key],
+        "additionalProperties": false,
+        "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false},
+    });
+    for defs in ["$defs", "definitions"] {
+        if let Some(d) = params.as_object_mut().and_then(|p| p.remove(defs)) {
+            schema[defs] = d;
+        }
+    }
+    schema["properties"] = json!({"name": {"const": function["name"]}, args_key: params});
+    schema
 }
 
 #[cfg(test)]
@@ -157,6 +167,13 @@ mod tests {
         let g = ToolFormat::Hermes.forced_call_grammar(&[&t], |_| None);
         assert!(g.starts_with("start: \"<tool_call>\" \"\\n\" call"), "{g}");
         assert!(g.contains(r#""const":"f""#), "{g}");
+        let two = ToolFormat::Hermes.forced_call_grammar(&[&t, &t], |_| None);
+        assert!(two.contains("call: c0 | c1\nc0: %json {"), "{two}");
+        let with_defs = json!({"function": {"name": "g", "parameters": {"type": "object",
+            "$defs": {"p": {"type": "integer"}}, "properties": {"x": {"$ref": "#/$defs/p"}}}}});
+        let s = call_schema(&with_defs["function"], "arguments");
+        assert_eq!(s["$defs"]["p"]["type"], "integer");
+        assert!(s["properties"]["arguments"].get("$defs").is_none());
         let g = ToolFormat::Mistral.forced_call_grammar(&[&t], |_| Some(5));
         assert!(g.starts_with("start: <[5]> \"[\" call"), "{g}");
         let g = ToolFormat::Hermes.after_trigger_grammar(&[&t], |_| None);

@@ -19,6 +19,8 @@ pub struct TurnShape {
     pub thinking_open: bool,
     /// Tool calls are parsed, in this format (`None`: no tools offered).
     pub tools: Option<ToolFormat>,
+    /// Most calls kept (`parallel_tool_calls: false` → 1; `None`: all the model writes).
+    pub max_calls: Option<usize>,
 }
 
 /// A piece of the turn that can be shown now.
@@ -58,6 +60,7 @@ pub struct TurnBuilder {
     think: ThinkSplitter,
     tools: Option<ToolStreamFilter>,
     reasoning: String,
+    max_calls: Option<usize>,
 }
 
 impl TurnBuilder {
@@ -67,6 +70,7 @@ impl TurnBuilder {
             think: ThinkSplitter::new(shape.thinking_open),
             tools: shape.tools.map(ToolStreamFilter::new),
             reasoning: String::new(),
+            max_calls: shape.max_calls,
         }
     }
 
@@ -110,9 +114,11 @@ impl TurnBuilder {
                 if !rest.is_empty() {
                     deltas.push(Delta::Content(rest));
                 }
+                let keep = self.max_calls.unwrap_or(usize::MAX);
                 let calls = parsed
                     .calls
                     .into_iter()
+                    .take(keep)
                     .map(|c| Call {
                         id: new_id(),
                         name: c.name,

@@ -31,10 +31,12 @@ fn stream_and_whole_agree() {
     let hermes = TurnShape {
         thinking_open: false,
         tools: Some(ToolFormat::Hermes),
+        max_calls: None,
     };
     let plain = TurnShape {
         thinking_open: false,
         tools: None,
+        max_calls: None,
     };
     let cases: &[(TurnShape, &[&str])] = &[
         (plain, &["Hel", "lo"]),
@@ -69,6 +71,7 @@ fn only_the_models_own_markup_is_a_call() {
     let mistral = TurnShape {
         thinking_open: false,
         tools: Some(ToolFormat::Mistral),
+        max_calls: None,
     };
     let text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
     let t = TurnBuilder::whole(mistral, text, ids());

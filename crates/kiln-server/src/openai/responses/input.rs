@@ -95,9 +95,8 @@ fn push_call(out: &mut Vec<Value>, i: usize, item: &Value) -> Result<(), ApiErro
     };
     let call = json!({"id": field("call_id")?, "type": "function",
                       "function": {"name": field("name")?, "arguments": field("arguments")?}});
-    let joins = out.last().is_some_and(|m| {
-        m["role"] == "assistant" && (m["tool_calls"].is_array() || m["content"] == "")
-    });
+    // Calls join the assistant message right before them, as a stored turn keeps them.
+    let joins = out.last().is_some_and(|m| m["role"] == "assistant");
     if joins && let Some(Value::Object(last)) = out.last_mut() {
         match last.get_mut("tool_calls") {
             Some(Value::Array(calls)) => calls.push(call),
@@ -169,6 +168,14 @@ mod tests {
         ]);
         let m = messages(&input).unwrap();
         assert_eq!(m.len(), 4);
+        let text_then_call = messages(&json!([
+            {"role": "assistant", "content": "Let me check."},
+            {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"}
+        ]))
+        .unwrap();
+        assert_eq!(text_then_call.len(), 1);
+        assert_eq!(text_then_call[0]["content"], "Let me check.");
+        assert_eq!(text_then_call[0]["tool_calls"][0]["id"], "c1");
         assert_eq!(m[0], json!({"role": "user", "content": "Weather?"}));
         assert_eq!(m[1]["tool_calls"].as_array().unwrap().len(), 2);
         assert_eq!(m[2]["tool_call_id"], "c1");

@@ -60,6 +60,12 @@ pub struct ResponsesRequest {
     pub truncation: Option<String>,
     /// Alternatives per output token (refused).
     pub top_logprobs: Option<u64>,
+    /// A stored conversation object (refused: kiln keeps responses, not conversations).
+    pub conversation: Option<Value>,
+    /// A reusable prompt template reference (refused).
+    pub prompt: Option<Value>,
+    /// Most tool calls in the answer.
+    pub max_tool_calls: Option<u64>,
     /// Sampling.
     #[serde(skip)]
     pub sampling: SamplingFields,
@@ -137,6 +143,16 @@ fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
             "top_logprobs is not supported on /v1/responses",
         ));
     }
+    if req.conversation.as_ref().is_some_and(|c| !c.is_null()) {
+        return Err(ApiError::bad_request(
+            "conversation is not supported: continue with previous_response_id",
+        ));
+    }
+    if req.prompt.as_ref().is_some_and(|p| !p.is_null()) {
+        return Err(ApiError::bad_request(
+            "prompt (a stored prompt template) is not supported: send instructions and input",
+        ));
+    }
     Ok(())
 }
 
@@ -182,12 +198,6 @@ fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, Ap
             "tool_choice requires a tool call but no tools were given",
         ));
     }
-    let grammar = match crate::structured::compile(&state.info, grammar)? {
-        None if tools_active && choice == ToolChoice::Auto => {
-            crate::structured::lazy_strict_call(&state.info, format, &tools)?
-        }
-        g => g,
-    };
     let vars = thinking_vars(req.reasoning.as_ref())?;
     let prompt = chat_prompt(
         &state.info,
@@ -195,6 +205,12 @@ fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, Ap
         tools_active.then_some(tools.as_slice()),
         vars.as_ref(),
     )?;
+    let grammar = match crate::structured::compile(&state.info, grammar, prompt.thinking_open)? {
+        None if tools_active && choice == ToolChoice::Auto => {
+            crate::structured::lazy_strict_call(&state.info, format, &tools)?
+        }
+        g => g,
+    };
     let max_tokens = plan_max_tokens(
         state,
         prompt.ids.len(),
@@ -203,18 +219,23 @@ fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, Ap
         "max_output_tokens",
     )?;
     let sampling = req.sampling.resolve(state, false, 0, true)?;
+    let one = (req.parallel_tool_calls == Some(false)).then_some(1);
+    let max_calls = match (req.max_tool_calls, one) {
+        (Some(n), one) => Some((n as usize).min(one.unwrap_or(usize::MAX))),
+        (None, one) => one,
+    };
     let shape = TurnShape {
         thinking_open: prompt.thinking_open,
         tools: tools_active.then_some(format),
+        max_calls,
     };
     let ctx = ResponseContext {
         id: state.new_id("resp_"),
         created_at: unix_now(),
         echo: echo(req, &sampling, max_tokens, instructions.as_deref()),
-        conversation: conversation
-            .into_iter()
-            .filter(|m| !matches!(m["role"].as_str(), Some("system" | "developer")))
-            .collect(),
+        // System and developer items stay in the stored conversation (they are merged into
+        // the leading system message again on the next turn).
+        conversation,
         instructions,
         store: req.store.unwrap_or(true),
     };
@@ -301,7 +322,7 @@ pub async fn handler(
     let out = collect(rx, Flavor::OpenAi).await?;
     let turn = TurnBuilder::whole(plan.shape, &out.text, || state.new_id("call_"));
     render::remember(&state, &plan.ctx, &turn);
-    let items = render::output_items(&state, &turn);
+    let items = render::output_items(&state, &turn, render::item_status(&out));
     let reasoning = render::reasoning_tokens(&state, &turn);
     let body = render::response_object(&state, &plan.ctx, items, Some(&out), reasoning);
     Ok(axum::Json(body).into_response())

@@ -103,22 +103,27 @@ fn call_item(id: &str, call: &crate::turn::Call, status: &str) -> Value {
            "arguments": arguments, "status": status})
 }
 
+/// The status of a finished item: `incomplete` when `max_output_tokens` cut the answer.
+pub fn item_status(out: &GenerateOutput) -> &'static str {
+    if out.finish_reason == FinishReason::Length {
+        "incomplete"
+    } else {
+        "completed"
+    }
+}
+
 /// The output items of a whole turn: reasoning, the message (when there is text, or nothing
-/// else), then each call.
-pub fn output_items(state: &SharedState, turn: &Turn) -> Vec<Value> {
+/// else), then each call; `status` is the finished items' status.
+pub fn output_items(state: &SharedState, turn: &Turn, status: &str) -> Vec<Value> {
     let mut items = Vec::new();
     if !turn.reasoning.is_empty() {
         items.push(reasoning_item(&state.new_id("rs_"), &turn.reasoning));
     }
     if !turn.content.is_empty() || turn.calls.is_empty() {
-        items.push(message_item(
-            &state.new_id("msg_"),
-            &turn.content,
-            "completed",
-        ));
+        items.push(message_item(&state.new_id("msg_"), &turn.content, status));
     }
     for c in &turn.calls {
-        items.push(call_item(&state.new_id("fc_"), c, "completed"));
+        items.push(call_item(&state.new_id("fc_"), c, status));
     }
     items
 }
@@ -177,6 +182,8 @@ pub struct ResponsesFramer {
     seq: u64,
     open: Open,
     done_items: Vec<Value>,
+    /// Status of the items closed from now on (`incomplete` once the answer was cut).
+    status: &'static str,
 }
 
 impl ResponsesFramer {
@@ -189,6 +196,7 @@ impl ResponsesFramer {
             seq: 0,
             open: Open::None,
             done_items: Vec::new(),
+            status: "completed",
         }
     }
 
@@ -228,7 +236,7 @@ impl ResponsesFramer {
                     "response.content_part.done",
                     json!({"item_id": id, "output_index": i, "content_index": 0, "part": text_part(&text)}),
                 ));
-                (f, message_item(&id, &text, "completed"))
+                (f, message_item(&id, &text, self.status))
             }
         };
         let mut f = frames;
@@ -333,7 +341,7 @@ impl ResponsesFramer {
                 "response.function_call_arguments.done",
                 json!({"item_id": id, "output_index": i, "name": c.name, "arguments": c.arguments}),
             ));
-            let item = call_item(&id, c, "completed");
+            let item = call_item(&id, c, self.status);
             f.push_str(&self.event(
                 "response.output_item.done",
                 json!({"output_index": i, "item": item}),
@@ -361,6 +369,7 @@ impl Framer for ResponsesFramer {
         let state = self.state.clone();
         let (tail, turn) = self.turn.finish(|| state.new_id("call_"));
         let mut f = self.deltas(tail);
+        self.status = item_status(out);
         let has_message = matches!(self.open, Open::Message { .. })
             || self.done_items.iter().any(|i| i["type"] == "message");
         if turn.calls.is_empty() && !has_message {
