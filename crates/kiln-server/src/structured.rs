@@ -15,26 +15,15 @@ pub fn chat_response_format(v: Option<&Value>) -> Result<Option<GrammarSpec>, Ap
     let Some(v) = v.filter(|v| !v.is_null()) else {
         return Ok(None);
     };
-    let kind = v
-        .get("type")
-        .and_then(Value::as_str)
-        .ok_or_else(|| ApiError::bad_request("response_format.type is required"))?;
-    match kind {
-        "text" => Ok(None),
-        "json_object" => Ok(Some(GrammarSpec::JsonSchema(json!({"type": "object"})))),
-        "json_schema" => {
-            let inner = v
-                .get("json_schema")
-                .filter(|j| j.is_object())
-                .ok_or_else(|| {
-                    ApiError::bad_request(
-                        "response_format.json_schema must be an object with a schema",
-                    )
-                })?;
-            schema_of(inner, "response_format.json_schema").map(Some)
-        }
-        other => Err(unknown_format(other, "response_format.type")),
-    }
+    format_spec(v, "response_format", |f| {
+        let inner = f
+            .get("json_schema")
+            .filter(|j| j.is_object())
+            .ok_or_else(|| {
+                ApiError::bad_request("response_format.json_schema must be an object with a schema")
+            })?;
+        schema_of(inner, "response_format.json_schema")
+    })
 }
 
 /// Responses' `text.format`: the same kinds, with the schema fields beside `type`.
@@ -47,15 +36,25 @@ pub fn text_format(v: Option<&Value>) -> Result<Option<GrammarSpec>, ApiError> {
     let Some(format) = v.and_then(|t| t.get("format")).filter(|f| !f.is_null()) else {
         return Ok(None);
     };
+    format_spec(format, "text.format", |f| schema_of(f, "text.format"))
+}
+
+/// A format object at `field` (`{type: text|json_object|json_schema, …}`); `json_schema` reads
+/// its schema with `schema`.
+fn format_spec(
+    format: &Value,
+    field: &str,
+    schema: impl FnOnce(&Value) -> Result<GrammarSpec, ApiError>,
+) -> Result<Option<GrammarSpec>, ApiError> {
     let kind = format
         .get("type")
         .and_then(Value::as_str)
-        .ok_or_else(|| ApiError::bad_request("text.format.type is required"))?;
+        .ok_or_else(|| ApiError::bad_request(format!("{field}.type is required")))?;
     match kind {
         "text" => Ok(None),
         "json_object" => Ok(Some(GrammarSpec::JsonSchema(json!({"type": "object"})))),
-        "json_schema" => schema_of(format, "text.format").map(Some),
-        other => Err(unknown_format(other, "text.format.type")),
+        "json_schema" => schema(format).map(Some),
+        other => Err(unknown_format(other, &format!("{field}.type"))),
     }
 }
 
@@ -226,17 +225,8 @@ pub fn forced_call(
         })
         .collect();
     let chosen: Vec<&Value> = chosen.iter().collect();
-    let special = |s: &str| {
-        info.tokenizer.id_of(s).filter(|&id| {
-            info.tokenizer
-                .inner()
-                .get_added_tokens_decoder()
-                .get(&id)
-                .is_some_and(|t| t.special)
-        })
-    };
     Ok(Some(GrammarSpec::Lark(
-        format.forced_call_grammar(&chosen, special),
+        format.forced_call_grammar(&chosen, |s| special_id(info, s)),
     )))
 }
 
@@ -276,6 +266,52 @@ fn special_id(info: &ModelInfo, s: &str) -> Option<u32> {
             .get(&id)
             .is_some_and(|t| t.special)
     })
+}
+
+/// What constrains an answer: its format (`response_format`, `text.format` at `format_field`)
+/// or the call a forcing `tool_choice` demands — not both. `tools` are the tools offered (empty
+/// when none are, or `tool_choice` is `none`).
+pub fn answer_constraint(
+    info: &ModelInfo,
+    format: ToolFormat,
+    tools: &[Value],
+    choice: &ToolChoice,
+    answer: Option<GrammarSpec>,
+    format_field: &str,
+) -> Result<Option<GrammarSpec>, ApiError> {
+    if tools.is_empty() {
+        if matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+            return Err(ApiError::bad_request(
+                "tool_choice requires a tool call but no tools were given",
+            ));
+        }
+        return Ok(answer);
+    }
+    match forced_call(info, format, tools, choice)? {
+        Some(_) if answer.is_some() => Err(ApiError::bad_request(format!(
+            "{format_field} cannot be combined with a tool_choice that forces a call"
+        ))),
+        Some(forced) => Ok(Some(forced)),
+        None => Ok(answer),
+    }
+}
+
+/// Compiles an answer's constraint once its prompt is known (see [`compile`]); without one,
+/// strict tools under `tool_choice: "auto"` get the lazy call grammar.
+pub fn compile_answer(
+    info: &ModelInfo,
+    spec: Option<GrammarSpec>,
+    thinking_open: bool,
+    format: ToolFormat,
+    tools: &[Value],
+    choice: &ToolChoice,
+) -> Result<Option<Grammar>, ApiError> {
+    match compile(info, spec, thinking_open)? {
+        None if !tools.is_empty() && *choice == ToolChoice::Auto => {
+            lazy_strict_call(info, format, tools)
+        }
+        g => Ok(g),
+    }
 }
 
 /// Compiles `spec` for the served model; a schema it cannot follow is a 400 naming why. When

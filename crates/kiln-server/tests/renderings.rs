@@ -365,3 +365,122 @@ async fn every_api_streams_what_it_answers_whole() {
         }
     }
 }
+
+#[tokio::test]
+async fn constraints_are_checked_before_anything_runs() {
+    let app = scripted(&["x"]);
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let cases = [
+        (
+            "/v1/chat/completions",
+            json!({"messages": user, "tool_choice": "required"}),
+            "no tools were given",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user, "tools": tools_chat(),
+            "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "not among the tools",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user, "tools": tools_chat(), "tool_choice": "required",
+            "response_format": {"type": "json_object"}}),
+            "cannot be combined",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user, "response_format": {"type": "yaml"}}),
+            "response_format.type",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user, "response_format": {"type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "no_such_type"}}}}),
+            "invalid or unsupported schema",
+        ),
+        (
+            "/v1/responses",
+            json!({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}),
+            "text.format.schema is required",
+        ),
+        (
+            "/v1/responses",
+            json!({"input": "hi", "text": "json"}),
+            "text must be an object",
+        ),
+        (
+            "/v1/responses",
+            json!({"input": "hi", "conversation": "conv_1"}),
+            "conversation is not supported",
+        ),
+        (
+            "/v1/responses",
+            json!({"input": "hi", "previous_response_id": "resp_unknown"}),
+            "not found",
+        ),
+        (
+            "/v1/messages",
+            json!({"max_tokens": 5, "messages": user, "tool_choice": {"type": "any"}}),
+            "no tools were given",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "best_of": 3}),
+            "best_of",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "suffix": "end"}),
+            "suffix",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user, "functions": [{"name": "f"}]}),
+            "functions",
+        ),
+    ];
+    for (path, body, needle) in cases {
+        let (s, text) = post(&app, path, &body.to_string()).await;
+        let expected = if needle == "not found" {
+            StatusCode::NOT_FOUND
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        assert_eq!(s, expected, "{path} {body}: {text}");
+        assert!(text.contains(needle), "{path} {body}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn parallel_tool_calls_false_keeps_the_first_call() {
+    let two = &[
+        "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"n\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"n\": 2}}\n</tool_call>",
+    ];
+    let user = json!([{"role": "user", "content": "hi"}]);
+    for (parallel, expected) in [(None, 2), (Some(false), 1)] {
+        let mut b = json!({"messages": user, "tools": tools_chat()});
+        if let Some(p) = parallel {
+            b["parallel_tool_calls"] = json!(p);
+        }
+        let (_, text) = post(&scripted(two), "/v1/chat/completions", &b.to_string()).await;
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), expected, "{text}");
+        assert_eq!(
+            args(calls[0]["function"]["arguments"].as_str().unwrap()),
+            json!({"n": 1})
+        );
+    }
+    let r =
+        json!({"input": "hi", "max_tool_calls": 1, "tools": [{"type": "function", "name": "w"}]});
+    let (_, text) = post(&scripted(two), "/v1/responses", &r.to_string()).await;
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let calls: Vec<&Value> = v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .collect();
+    assert_eq!(calls.len(), 1, "{text}");
+}

@@ -14,7 +14,7 @@ use crate::errors::{ApiError, Flavor};
 use crate::generation::{Prepared, blocking, collect, plan_max_tokens, sse_response, submit};
 use crate::prompt::{ChatPrompt, chat_prompt, normalize_messages};
 use crate::state::SharedState;
-use crate::structured::{ToolChoice, anthropic_tool_choice, forced_call};
+use crate::structured::{answer_constraint, anthropic_tool_choice};
 use crate::turn::{Turn, TurnBuilder, TurnShape};
 
 /// A messages request's prompt, how its answer is parsed, and the grammar a forced tool
@@ -39,15 +39,8 @@ fn plan(state: &SharedState, req: &MessagesRequest) -> Result<MessagesPlan, ApiE
     let messages = normalize_messages(&messages)?;
     let tools = tools.as_ref().and_then(Value::as_array).cloned();
     let format = state.info.tool_format();
-    let grammar = match &tools {
-        Some(t) => forced_call(&state.info, format, t, &choice)?,
-        None if matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) => {
-            return Err(ApiError::bad_request(
-                "tool_choice requires a tool call but no tools were given",
-            ));
-        }
-        None => None,
-    };
+    let offered = tools.clone().unwrap_or_default();
+    let grammar = answer_constraint(&state.info, format, &offered, &choice, None, "")?;
     let prompt = chat_prompt(&state.info, &messages, tools.as_deref(), None)?;
     let single_call = req
         .tool_choice

@@ -17,7 +17,9 @@ use crate::generation::{
 use crate::prompt::{chat_prompt, normalize_messages, validate_tools};
 use crate::sampling::{SamplingFields, parse_stop, parse_top_logprobs};
 use crate::state::{SharedState, unix_now};
-use crate::structured::{ToolChoice, chat_response_format, forced_call, openai_tool_choice};
+use crate::structured::{
+    ToolChoice, answer_constraint, chat_response_format, compile_answer, openai_tool_choice,
+};
 use crate::turn::{Turn, TurnBuilder, TurnShape};
 
 /// Built-in `max_tokens` default for chat (spec §3.1), capped by the context left.
@@ -158,19 +160,15 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
     let choice = openai_tool_choice(req.tool_choice.as_ref())?;
     let tools_active = !tools.is_empty() && choice != ToolChoice::None;
     let format = state.info.tool_format();
-    let mut grammar = chat_response_format(req.response_format.as_ref())?;
-    if tools_active && let Some(forced) = forced_call(&state.info, format, &tools, &choice)? {
-        if grammar.is_some() {
-            return Err(ApiError::bad_request(
-                "response_format cannot be combined with a tool_choice that forces a call",
-            ));
-        }
-        grammar = Some(forced);
-    } else if !tools_active && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
-        return Err(ApiError::bad_request(
-            "tool_choice requires a tool call but no tools were given",
-        ));
-    }
+    let offered: &[Value] = if tools_active { &tools } else { &[] };
+    let grammar = answer_constraint(
+        &state.info,
+        format,
+        offered,
+        &choice,
+        chat_response_format(req.response_format.as_ref())?,
+        "response_format",
+    )?;
     let logprobs = match &req.logprobs {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -189,12 +187,14 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
         vars.as_ref(),
     )?;
     let (thinking_open, prompt) = (prompt.thinking_open, prompt.ids);
-    let grammar = match crate::structured::compile(&state.info, grammar, thinking_open)? {
-        None if tools_active && choice == ToolChoice::Auto => {
-            crate::structured::lazy_strict_call(&state.info, format, &tools)?
-        }
-        g => g,
-    };
+    let grammar = compile_answer(
+        &state.info,
+        grammar,
+        thinking_open,
+        format,
+        offered,
+        &choice,
+    )?;
     let (requested, field) = match req.max_completion_tokens {
         Some(n) => (Some(n), "max_completion_tokens"),
         None => (req.max_tokens, "max_tokens"),

@@ -22,7 +22,9 @@ use crate::generation::{Prepared, blocking, collect, plan_max_tokens, sse_respon
 use crate::prompt::{chat_prompt, normalize_messages, validate_tools};
 use crate::sampling::SamplingFields;
 use crate::state::{SharedState, unix_now};
-use crate::structured::{ToolChoice, forced_call, openai_tool_choice, text_format};
+use crate::structured::{
+    ToolChoice, answer_constraint, compile_answer, openai_tool_choice, text_format,
+};
 use crate::turn::{TurnBuilder, TurnShape};
 
 /// The request body (unknown fields are ignored).
@@ -185,19 +187,15 @@ fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, Ap
     let choice = openai_tool_choice(req.tool_choice.as_ref())?;
     let tools_active = !tools.is_empty() && choice != ToolChoice::None;
     let format = state.info.tool_format();
-    let mut grammar = text_format(req.text.as_ref())?;
-    if tools_active && let Some(forced) = forced_call(&state.info, format, &tools, &choice)? {
-        if grammar.is_some() {
-            return Err(ApiError::bad_request(
-                "text.format cannot be combined with a tool_choice that forces a call",
-            ));
-        }
-        grammar = Some(forced);
-    } else if !tools_active && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
-        return Err(ApiError::bad_request(
-            "tool_choice requires a tool call but no tools were given",
-        ));
-    }
+    let offered: &[Value] = if tools_active { &tools } else { &[] };
+    let grammar = answer_constraint(
+        &state.info,
+        format,
+        offered,
+        &choice,
+        text_format(req.text.as_ref())?,
+        "text.format",
+    )?;
     let vars = thinking_vars(req.reasoning.as_ref())?;
     let prompt = chat_prompt(
         &state.info,
@@ -205,12 +203,14 @@ fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, Ap
         tools_active.then_some(tools.as_slice()),
         vars.as_ref(),
     )?;
-    let grammar = match crate::structured::compile(&state.info, grammar, prompt.thinking_open)? {
-        None if tools_active && choice == ToolChoice::Auto => {
-            crate::structured::lazy_strict_call(&state.info, format, &tools)?
-        }
-        g => g,
-    };
+    let grammar = compile_answer(
+        &state.info,
+        grammar,
+        prompt.thinking_open,
+        format,
+        offered,
+        &choice,
+    )?;
     let max_tokens = plan_max_tokens(
         state,
         prompt.ids.len(),
