@@ -111,13 +111,9 @@ impl Decoding {
         }
         self.prefilled_at.get_or_insert_with(Instant::now);
         let step = self.out.tokens.len();
+        // A grammar that completes ends the sequence on that token (below), so none is
+        // finished here.
         if let Some(c) = &mut self.constraint {
-            if c.finished() {
-                // The grammar is complete: the answer ends here, as at an EOS.
-                self.out.finish_reason = FinishReason::Stop;
-                self.done = true;
-                return Ok(Next::Done);
-            }
             let t = Instant::now();
             c.mask(logits)?;
             self.grammar_time += t.elapsed();

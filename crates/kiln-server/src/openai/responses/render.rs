@@ -285,41 +285,42 @@ impl ResponsesFramer {
         f
     }
 
+    /// Reasoning deltas into the open reasoning item, content into the open message, each
+    /// opening its item (and closing the other) when needed.
     fn deltas(&mut self, deltas: Vec<Delta>) -> String {
         let mut f = String::new();
         for d in deltas {
-            match d {
-                Delta::Reasoning(r) => {
-                    if !matches!(self.open, Open::Reasoning { .. }) {
-                        f.push_str(&self.close());
-                        f.push_str(&self.open_reasoning());
-                    }
-                    let i = self.index();
-                    if let Open::Reasoning { id, text } = &mut self.open {
-                        text.push_str(&r);
-                        let id = id.clone();
-                        f.push_str(&self.event(
-                            "response.reasoning_summary_text.delta",
-                            json!({"item_id": id, "output_index": i, "summary_index": 0, "delta": r}),
-                        ));
-                    }
-                }
-                Delta::Content(c) => {
-                    if !matches!(self.open, Open::Message { .. }) {
-                        f.push_str(&self.close());
-                        f.push_str(&self.open_message());
-                    }
-                    let i = self.index();
-                    if let Open::Message { id, text } = &mut self.open {
-                        text.push_str(&c);
-                        let id = id.clone();
-                        f.push_str(&self.event(
-                            "response.output_text.delta",
-                            json!({"item_id": id, "output_index": i, "content_index": 0, "delta": c, "logprobs": []}),
-                        ));
-                    }
-                }
+            let (reasoning, piece) = match d {
+                Delta::Reasoning(r) => (true, r),
+                Delta::Content(c) => (false, c),
+            };
+            let same = match self.open {
+                Open::Reasoning { .. } => reasoning,
+                Open::Message { .. } => !reasoning,
+                Open::None => false,
+            };
+            if !same {
+                f.push_str(&self.close());
+                f.push_str(&if reasoning {
+                    self.open_reasoning()
+                } else {
+                    self.open_message()
+                });
             }
+            let i = self.index();
+            let (Open::Reasoning { id, text } | Open::Message { id, text }) = &mut self.open else {
+                continue;
+            };
+            text.push_str(&piece);
+            let (kind, body) = if reasoning {
+                let body =
+                    json!({"item_id": id, "output_index": i, "summary_index": 0, "delta": piece});
+                ("response.reasoning_summary_text.delta", body)
+            } else {
+                let body = json!({"item_id": id, "output_index": i, "content_index": 0, "delta": piece, "logprobs": []});
+                ("response.output_text.delta", body)
+            };
+            f.push_str(&self.event(kind, body));
         }
         f
     }
