@@ -67,7 +67,7 @@ def test_bad_configs_name_the_field_and_create_no_row(qserver, dirs):
 def test_uniform_job_streams_stages_and_its_output_loads(qserver, dirs):
     url = qserver.url
     target = os.path.join(dirs[1], "smol-q8.gguf")
-    r = post(url, {"model_id": "smollm2", "gguf_type": "Q8_0", "out_dir": target})
+    r = post(url, {"model_id": "smollm2", "gguf_type": "Q8_0", "evaluate": True, "out_dir": target})
     assert r.status_code == 200, r.text
     job_id = r.json()["job_id"]
     events = events_of(url, job_id)
@@ -75,6 +75,11 @@ def test_uniform_job_streams_stages_and_its_output_loads(qserver, dirs):
     assert stages[0] == "starting" and "writing" in stages, stages
     done = [e for e in events if e.get("type") == "done"]
     assert done and done[0]["output_dir"] == target, events[-3:]
+    assert stages.index("evaluating") > stages.index("writing"), stages
+    evals = [e for e in events if e.get("type") == "metric" and e.get("kind") == "eval"]
+    # Q8_0 of a Q4_1 source: almost the same distributions.
+    assert len(evals) == 1 and 0 <= evals[0]["mean_kl"] < 0.05 and evals[0]["top1_agreement"] > 0.9, evals
+    assert done[0]["summary"]["eval"]["top1_agreement"] == evals[0]["top1_agreement"], done[0]
     job = job_of(url, job_id)
     assert job["status"] == "done" and job["output_path"] == target
     assert os.path.getsize(target) > 100_000_000
@@ -105,3 +110,23 @@ def test_mixed_job_cancelled_mid_sensitivity_leaves_nothing(qserver, dirs):
     assert job_of(url, job_id)["status"] == "cancelled"
     left = [n for n in os.listdir(dirs[1]) if "smol-mixed" in n]
     assert left == [], left
+
+
+
+def test_mixed_job_streams_per_module_sensitivity_then_cancels(qserver, dirs):
+    url = qserver.url
+    target = os.path.join(dirs[1], "smol-mixed-metrics.gguf")
+    r = post(url, {"model_id": "smollm2", "target_bpw": 5.0, "candidate_bits": [4, 8], "n_calibration": 1,
+                   "out_dir": target})
+    assert r.status_code == 200, r.text
+    job_id = r.json()["job_id"]
+    first = None
+    with httpx.stream("GET", f"{url}/api/jobs/{job_id}/stream", timeout=120) as s:
+        for line in s.iter_lines():
+            if line.startswith("data:") and '"sensitivity"' in line and '"metric"' in line:
+                first = json.loads(line[5:])
+                break
+    assert first and first["index"] == 1 and first["total"] > 100, first
+    assert set(first["kl"]) == {"4", "8"} and first["module"].startswith("model."), first
+    assert first["kl"]["8"] <= first["kl"]["4"] + 1e-3
+    assert httpx.post(f"{url}/api/jobs/{job_id}/cancel", timeout=10).status_code == 200

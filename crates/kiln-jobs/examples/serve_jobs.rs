@@ -1,4 +1,4 @@
-//! Serves only the jobs API and page, for trying `kiln jobs …` and `/jobs` by hand:
+//! Serves only the jobs API, for trying `kiln jobs …` by hand:
 //! `cargo run -p kiln-jobs --example serve_jobs -- <port> <child-program> [data-dir]`
 //! (child program: `target/debug/kiln` or `target/debug/kiln-job-child`).
 
@@ -19,7 +19,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     cfg.child_program = child.into();
     let host = JobHost::open(cfg)?;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
-    eprintln!("jobs on http://{}/jobs", listener.local_addr()?);
+    eprintln!("jobs API on http://{}/api/jobs", listener.local_addr()?);
     let app = kiln_jobs::http::router(host.clone());
     // Close the jobs inside the shutdown future: open SSE tails end once their
     // jobs are terminal, so connection draining cannot wait on a running job.

@@ -40,6 +40,9 @@ pub struct InferencePermit {
     pub waited_for: Option<String>,
 }
 
+/// The cancel reason of jobs still running when the host closes (spec §5.4).
+pub const ENGINE_CLOSED: &str = "engine_closed";
+
 #[derive(Clone)]
 pub(crate) struct Tracked {
     pub(crate) cancel: CancelToken,
@@ -247,8 +250,9 @@ impl JobHost {
         finish::cancelled(&self.inner.store, &self.inner.emitter(row), "cancelled");
     }
 
-    /// Host shutdown: refuse new submits, fail queued jobs (`job host closed`),
-    /// cancel running ones and wait until each has ended (children reaped).
+    /// Host shutdown: refuse new submits, fail queued jobs (`job host closed`), cancel
+    /// running ones with reason `engine_closed` (spec §5.7) and wait until each has ended
+    /// (children reaped).
     pub async fn close(&self) {
         self.inner.active().closed = true;
         for id in self.inner.cfg.lease.remove_host(self.inner.id) {
@@ -263,7 +267,7 @@ impl JobHost {
         }
         let running: Vec<Tracked> = self.inner.active().jobs.values().cloned().collect();
         for t in &running {
-            t.cancel.cancel("job host closed");
+            t.cancel.cancel(ENGINE_CLOSED);
         }
         for t in running {
             let mut done = t.done;

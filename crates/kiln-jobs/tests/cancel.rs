@@ -135,6 +135,7 @@ async fn close_fails_queued_cancels_running_and_refuses_new_jobs() {
     for id in [&running.id, &inproc.id] {
         let r = row(&host, id);
         assert_eq!(r.status, JobStatus::Cancelled, "{r:?}");
+        assert_eq!(r.message.as_deref(), Some("engine_closed"), "{r:?}");
         assert_eq!(
             types(&final_events(&r).await).last().map(String::as_str),
             Some("cancelled")

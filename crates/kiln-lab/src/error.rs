@@ -43,6 +43,9 @@ pub enum LabError {
     /// Training failed.
     #[error(transparent)]
     Train(#[from] kiln_train::TrainError),
+    /// A dataset template could not produce its rows; the message says why.
+    #[error("{0}")]
+    Generate(String),
     /// The job was cancelled.
     #[error("cancelled")]
     Cancelled,

@@ -1,8 +1,21 @@
-//! kiln's lab: job kinds that produce models. Today: `quantize` (uniform and mixed precision,
-//! GGUF and MLX output).
+//! kiln's lab: the job kinds that make models and their data: `quantize` (uniform and mixed
+//! precision, GGUF and MLX output), `finetune` (LoRA) and `dataset` (spec §9's templates), and
+//! the lab's HTTP routes and pages.
 
+pub mod dataset;
 pub mod error;
 pub mod finetune;
+pub mod http;
 pub mod quantize;
+mod rng;
 
 pub use error::LabError;
+
+/// `~/x` → `$HOME/x`; other paths unchanged.
+pub fn expand_home(path: &str) -> std::path::PathBuf {
+    let path = path.trim();
+    match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => std::path::Path::new(&home).join(rest),
+        _ => std::path::PathBuf::from(path),
+    }
+}

@@ -13,6 +13,18 @@ use crate::state::SharedState;
 /// Paths that never need a key: liveness, readiness (probes) and the chat page (which asks for the key itself).
 const OPEN_PATHS: [&str; 3] = ["/health", "/ready", "/"];
 
+/// Whether `path` needs no key: the built-in open paths and the extensions' own.
+fn is_open(state: &crate::state::AppState, path: &str) -> bool {
+    OPEN_PATHS.contains(&path)
+        || state.open_paths.iter().any(|p| {
+            if p.ends_with('/') {
+                path.starts_with(p)
+            } else {
+                path == *p
+            }
+        })
+}
+
 /// Whether `headers` carry `key`.
 pub fn key_matches(headers: &HeaderMap, key: &str) -> bool {
     let bearer = headers
@@ -80,7 +92,7 @@ pub async fn guard(State(state): State<SharedState>, req: Request, next: Next) -
         }
     }
     if let Some(key) = &state.config.api_key
-        && !OPEN_PATHS.contains(&path.as_str())
+        && !is_open(&state, &path)
         && !key_matches(req.headers(), key)
     {
         let mut r = ApiError::unauthorized().flavor(flavor).into_response();

@@ -43,6 +43,9 @@ pub struct Extensions {
     pub stats: Vec<(String, StatsHook)>,
     /// When it returns `Some`, generation responses carry it as `x-kiln-job-gate`.
     pub gate_note: Option<Arc<dyn Fn() -> Option<String> + Send + Sync>>,
+    /// Paths of `router` that need no API key (pages that ask for it themselves); one ending
+    /// in `/` opens every path under it.
+    pub open_paths: Vec<&'static str>,
 }
 
 /// Default largest request body: 4 MiB (a 10 MB body is a 413).
@@ -81,6 +84,7 @@ pub async fn serve_with(
     let limits = config.limits;
     let mut state = AppState::new(info, gateway.clone(), config, local_addr);
     state.extra_stats = extensions.stats;
+    state.open_paths = extensions.open_paths;
     let state = Arc::new(state);
     let app = routes::router_with(state, extensions.router, extensions.gate_note);
     listen::serve_connections(listener, app, limits, shutdown).await;

@@ -141,6 +141,8 @@ pub struct AppState {
     pub started_at: u64,
     /// Sections other subsystems add to `/stats` (e.g. `jobs`), by key.
     pub extra_stats: Vec<(String, StatsHook)>,
+    /// Extension paths that need no API key (`/` at the end: a prefix).
+    pub open_paths: Vec<&'static str>,
     /// Stored Responses turns for `previous_response_id`.
     pub responses: crate::openai::responses::store::ResponseStore,
     weyl: AtomicU64,
@@ -175,6 +177,7 @@ impl AppState {
             local_addr,
             started_at: unix_now(),
             extra_stats: Vec::new(),
+            open_paths: Vec::new(),
             responses: Default::default(),
             weyl: AtomicU64::new(0),
             ids: AtomicU64::new(0),

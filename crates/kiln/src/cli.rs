@@ -30,6 +30,8 @@ pub enum Command {
     Quantize(crate::cmd::quantize::QuantizeArgs),
     /// Fine-tune a LoRA adapter (SFT, DPO or ORPO) on a JSONL dataset.
     Train(crate::cmd::train::TrainArgs),
+    /// Build a training dataset from a template (spec §9); without a template, list them.
+    Dataset(crate::cmd::dataset::DatasetArgs),
     /// Merge a LoRA adapter into its base model, in the base's quantization layout.
     Fuse(crate::cmd::fuse::FuseArgs),
     /// Evaluate a model: under another KV scheme (`eval kv`) or against a reference model (`eval kl`).

@@ -21,6 +21,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Eval(args)) => cmd::eval::run(args),
         Some(cli::Command::Quantize(args)) => cmd::quantize::run(args),
         Some(cli::Command::Train(args)) => cmd::train::run(args),
+        Some(cli::Command::Dataset(args)) => cmd::dataset::run(args),
         Some(cli::Command::Fuse(args)) => cmd::fuse::run(args),
         Some(cli::Command::Serve(args)) => cmd::serve::run(args),
         Some(cli::Command::Jobs(args)) => cmd::jobs::run(args),

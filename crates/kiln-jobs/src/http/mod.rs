@@ -1,4 +1,4 @@
-//! The jobs HTTP API and page, as an axum `Router` the server merges.
+//! The jobs HTTP API, as an axum `Router` the server merges (the status page is the lab's).
 
 mod sse;
 
@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use axum::Router;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
@@ -21,7 +21,7 @@ pub const MAX_BODY: usize = 1 << 20;
 const DEFAULT_LIMIT: usize = 50;
 const MAX_LIMIT: usize = 1000;
 
-/// `/api/jobs…` and the `/jobs` page, with `host` as state.
+/// `/api/jobs…`, with `host` as state.
 pub fn router(host: JobHost) -> Router {
     Router::new()
         .route("/api/jobs", get(list).post(submit))
@@ -29,7 +29,6 @@ pub fn router(host: JobHost) -> Router {
         .route("/api/jobs/{id}/stream", get(sse::stream))
         .route("/api/jobs/{id}/cancel", post(cancel))
         .route("/api/jobs/{id}/stop", post(request_stop))
-        .route("/jobs", get(page))
         .with_state(host)
 }
 
@@ -129,8 +128,4 @@ async fn request_stop(State(host): State<JobHost>, Path(id): Path<String>) -> Re
         Ok(job) => axum::Json(json!({"ok": true, "job": job})).into_response(),
         Err(e) => job_error(e),
     }
-}
-
-async fn page() -> Html<&'static str> {
-    Html(include_str!("jobs.html"))
 }

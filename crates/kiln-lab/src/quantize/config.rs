@@ -76,6 +76,8 @@ pub struct QuantizeConfig {
     /// Mixed precision: give the first and last blocks optiq's ×100 priority (default: when
     /// they are at most a quarter of the blocks).
     pub protect_boundary_blocks: Option<bool>,
+    /// After writing, measure the result's KL and top-1 agreement against the source.
+    pub evaluate: bool,
 }
 
 impl QuantizeConfig {
@@ -95,6 +97,7 @@ impl QuantizeConfig {
             seq_len: 128,
             sensitivity_from: None,
             protect_boundary_blocks: None,
+            evaluate: false,
         }
     }
 
@@ -208,6 +211,16 @@ impl QuantizeConfig {
                 ));
             }
         };
+        cfg.evaluate = match map.get("evaluate") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                return Err(LabError::config(
+                    "evaluate",
+                    format!("expected a bool, found {v}"),
+                ));
+            }
+        };
         if let Some(n) = opt_u64(map, "seq_len")? {
             cfg.seq_len = usize::try_from(n).unwrap_or(usize::MAX);
         }
@@ -291,7 +304,8 @@ impl QuantizeConfig {
     }
 }
 
-const KNOWN_KEYS: [&str; 16] = [
+const KNOWN_KEYS: [&str; 17] = [
+    "evaluate",
     "reference",
     "protect_boundary_blocks",
     "sensitivity_from",

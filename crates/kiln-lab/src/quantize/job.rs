@@ -80,6 +80,33 @@ impl Reporter for JobReporter<'_> {
             .0
             .emit(kiln_jobs::event::log(&format!("warning: {message}")));
     }
+
+    fn metric(&mut self, mut metric: Value) -> Result<(), LabError> {
+        metric["ts"] = kiln_jobs::event::now_ms().into();
+        self.0.emit(metric).map_err(|_| LabError::Cancelled)
+    }
+}
+
+/// The `evaluating` stage: the result's KL/top-1 against the source, as a `metric{kind:"eval"}`
+/// event and the summary's `eval`.
+fn evaluate(ctx: &JobContext, cfg: &QuantizeConfig, output: &Path) -> Result<Value, RunError> {
+    ctx.stage(
+        "evaluating",
+        Some(0.99),
+        Some("KL and top-1 against the source"),
+    )?;
+    let r = super::evaluate::evaluate(&cfg.source, output)?;
+    let eval = serde_json::json!({
+        "mean_kl": r.mean_kl, "p99_kl": r.p99_kl, "max_kl": r.max_kl,
+        "top1_agreement": r.top1_agreement, "positions": r.positions,
+        "perplexity": r.perplexity, "reference_perplexity": r.reference_perplexity,
+    });
+    let mut metric = eval.clone();
+    metric["type"] = "metric".into();
+    metric["kind"] = "eval".into();
+    metric["ts"] = kiln_jobs::event::now_ms().into();
+    ctx.emit(metric)?;
+    Ok(eval)
 }
 
 impl JobRunner for QuantizeRunner {
@@ -110,6 +137,9 @@ impl JobRunner for QuantizeRunner {
         let mut summary = serde_json::to_value(&report).unwrap_or(Value::Null);
         if let Some(o) = summary.as_object_mut() {
             o.remove("sensitivity");
+        }
+        if cfg.evaluate {
+            summary["eval"] = evaluate(ctx, &cfg, &report.output)?;
         }
         Ok(RunOutput {
             output_path: Some(report.output.display().to_string()),

@@ -4,11 +4,13 @@
 pub mod allocate;
 pub mod calibration;
 pub mod config;
+pub mod evaluate;
 pub mod gguf_out;
 pub mod hf_export;
 pub mod job;
 pub mod mlx_out;
 pub mod plan;
+pub mod preview;
 pub mod run;
 pub mod sensitivity;
 pub mod st_writer;

@@ -31,6 +31,10 @@ pub trait Reporter {
     fn stage(&mut self, name: &str, progress: f64, message: &str) -> Result<(), LabError>;
     /// Something the user should know that does not stop the run.
     fn warn(&mut self, message: &str);
+    /// A measurement as it is made (one module's sensitivity); the CLI ignores them.
+    fn metric(&mut self, _metric: serde_json::Value) -> Result<(), LabError> {
+        Ok(())
+    }
 }
 
 /// What a run produced.
@@ -292,12 +296,21 @@ fn sensitivities(
         &mut probe,
         files.tensors(),
         &modules,
-        &mut |done, total, name| {
+        &mut |done, total, measured| {
+            rep.metric(serde_json::json!({
+                "type": "metric",
+                "kind": "sensitivity",
+                "module": measured.name,
+                "params": measured.param_count,
+                "index": done,
+                "total": total,
+                "kl": measured.kl,
+            }))?;
             let p = 0.05 + 0.85 * done as f64 / total as f64;
             rep.stage(
                 "sensitivity",
                 p,
-                &format!("{done}/{total} {}", module_of(name)),
+                &format!("{done}/{total} {}", measured.name),
             )
         },
     )

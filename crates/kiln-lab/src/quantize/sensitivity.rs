@@ -213,7 +213,7 @@ pub fn measure(
     probe: &mut Probe,
     src: &dyn TensorSource,
     modules: &[Module],
-    on_module: &mut dyn FnMut(usize, usize, &str) -> Result<(), LabError>,
+    on_module: &mut dyn FnMut(usize, usize, &LayerSensitivity) -> Result<(), LabError>,
 ) -> Result<Vec<LayerSensitivity>, LabError> {
     let mut out = Vec::with_capacity(modules.len());
     for (i, m) in modules.iter().enumerate() {
@@ -238,12 +238,13 @@ pub fn measure(
             };
             kl.insert(bits, value);
         }
-        out.push(LayerSensitivity {
+        let measured = LayerSensitivity {
             name: super::plan::module_of(&m.name).to_string(),
             param_count: (m.rows * m.cols) as u64,
             kl,
-        });
-        on_module(i + 1, modules.len(), &m.name)?;
+        };
+        on_module(i + 1, modules.len(), &measured)?;
+        out.push(measured);
     }
     Ok(out)
 }

@@ -9,7 +9,9 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
 /// The job kinds this binary runs; the server's job host must use the same registry.
-pub fn registry() -> kiln_jobs::Registry {
+/// `loopback` is where the `dataset` kind's LLM templates reach the served model (set by
+/// `kiln serve` once bound; a child never runs in-process kinds).
+pub fn registry(loopback: kiln_lab::dataset::job::LoopbackCell) -> kiln_jobs::Registry {
     let mut registry = kiln_jobs::Registry::with_builtins();
     let models = kiln_hub::models_dir();
     let resolve =
@@ -23,6 +25,11 @@ pub fn registry() -> kiln_jobs::Registry {
         "finetune",
         kiln_lab::finetune::job::FinetuneRunner::new(adapters, resolve),
     );
+    let datasets = kiln_hub::cache_dir().join("datasets");
+    registry.register(
+        "dataset",
+        kiln_lab::dataset::job::DatasetRunner::new(datasets, loopback),
+    );
     registry
 }
 
@@ -35,7 +42,7 @@ pub struct ChildArgs {
 
 /// Runs the job; exits 0 (done), 1 (failed) or 2 (unknown job).
 pub fn child(args: ChildArgs) -> ExitCode {
-    let code = kiln_jobs::run_child(&args.id, &registry());
+    let code = kiln_jobs::run_child(&args.id, &registry(Default::default()));
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
@@ -45,6 +52,9 @@ pub struct JobsArgs {
     /// The server's base URL.
     #[arg(long, global = true, default_value = "http://127.0.0.1:8080")]
     pub url: String,
+    /// The server's API key (default: `KILN_API_KEY`), for a server started with `--api-key`.
+    #[arg(long, global = true, env = "KILN_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
     #[command(subcommand)]
     pub command: JobsCommand,
 }
@@ -95,6 +105,9 @@ pub enum JobsCommand {
 /// Runs a `kiln jobs` subcommand.
 pub fn run(args: JobsArgs) -> Result<()> {
     let base = args.url.trim_end_matches('/');
+    let key = args.api_key.as_deref().filter(|k| !k.is_empty());
+    let request = |url: &str, body: Option<Value>| request(url, body, key);
+    let tail = |base: &str, id: &str| tail(base, id, key);
     match args.command {
         JobsCommand::List { limit, kind, json } => {
             let mut url = format!("{base}/api/jobs?limit={limit}");
@@ -179,15 +192,26 @@ fn agent(timeout: Option<Duration>) -> ureq::Agent {
         .into()
 }
 
-/// A GET (no body) or a JSON POST; a non-2xx answer becomes an error with the server's message.
-fn request(url: &str, body: Option<Value>) -> Result<Value> {
+/// A GET (no body) or a JSON POST, with the API key when given; a non-2xx answer becomes an
+/// error with the server's message.
+pub fn request(url: &str, body: Option<Value>, key: Option<&str>) -> Result<Value> {
     let agent = agent(Some(Duration::from_secs(30)));
+    let bearer = key.map(|k| format!("Bearer {k}"));
     let resp = match body {
-        None => agent.get(url).call(),
-        Some(b) => agent
-            .post(url)
-            .header("content-type", "application/json")
-            .send(b.to_string().as_bytes()),
+        None => {
+            let mut r = agent.get(url);
+            if let Some(b) = &bearer {
+                r = r.header("authorization", b);
+            }
+            r.call()
+        }
+        Some(body) => {
+            let mut r = agent.post(url).header("content-type", "application/json");
+            if let Some(b) = &bearer {
+                r = r.header("authorization", b);
+            }
+            r.send(body.to_string().as_bytes())
+        }
     };
     let mut resp =
         resp.with_context(|| format!("cannot reach {url} (is `kiln serve` running?)"))?;
@@ -200,6 +224,7 @@ fn request(url: &str, body: Option<Value>) -> Result<Value> {
     if !status.is_success() {
         let msg = value["error"]
             .as_str()
+            .or(value["error"]["message"].as_str())
             .map(str::to_string)
             .unwrap_or_else(|| value.to_string());
         bail!("{status}: {msg}");
@@ -208,14 +233,22 @@ fn request(url: &str, body: Option<Value>) -> Result<Value> {
 }
 
 /// Follows `/api/jobs/{id}/stream`, printing one line per event.
-fn tail(base: &str, id: &str) -> Result<()> {
+pub fn tail(base: &str, id: &str, key: Option<&str>) -> Result<()> {
     let url = format!("{base}/api/jobs/{}/stream", encode(id));
-    let resp = agent(None)
-        .get(&url)
-        .call()
-        .with_context(|| format!("cannot reach {url}"))?;
+    let mut req = agent(None).get(&url);
+    if let Some(k) = key {
+        req = req.header("authorization", &format!("Bearer {k}"));
+    }
+    let mut resp = req.call().with_context(|| format!("cannot reach {url}"))?;
     if !resp.status().is_success() {
-        bail!("{}: cannot stream job {id}", resp.status());
+        let status = resp.status();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        let msg = value["error"]["message"]
+            .as_str()
+            .or(value["error"].as_str())
+            .unwrap_or("");
+        bail!("{status}: cannot stream job {id}: {msg}");
     }
     let mut outcome = None;
     let mut end = false;

@@ -1,6 +1,7 @@
 //! One module per verb.
 
 pub mod bench;
+pub mod dataset;
 pub mod eval;
 pub mod fit;
 pub mod fuse;

@@ -214,9 +214,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let loopback = kiln_lab::dataset::job::LoopbackCell::default();
     let jobs = {
         let _guard = rt.enter();
-        let mut cfg = HostConfig::new(JobPaths::from_env()?, super::jobs::registry())?;
+        let mut cfg = HostConfig::new(
+            JobPaths::from_env()?,
+            super::jobs::registry(loopback.clone()),
+        )?;
         cfg.policy = args.job_policy;
         JobHost::open(cfg).context("opening the job store")?
     };
@@ -227,12 +231,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(admission),
         reuse_prefix,
     ));
-    let extensions = job_extensions(&jobs);
+    let served = served_entry(&path, &info.id);
+    let extensions = job_extensions(&jobs, served);
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| format!("binding {}:{}", args.host, args.port))?;
         let addr = listener.local_addr()?;
+        let _ = loopback.set(kiln_lab::dataset::Loopback {
+            url: format!("http://{}", loopback_addr(addr)),
+            api_key: config.api_key.clone(),
+        });
         if !addr.ip().is_loopback() && config.api_key.is_none() {
             eprintln!("kiln: warning: serving on {addr} without --api-key; anyone who can reach it can use it");
         }
@@ -390,11 +399,57 @@ impl StartGate for JobGate {
     }
 }
 
-/// The jobs API and page, the `jobs` section of `/stats`, and the job-gate response header.
-fn job_extensions(jobs: &JobHost) -> Extensions {
+/// Where this process reaches its own listener: the bound address, or loopback for a
+/// wildcard bind.
+fn loopback_addr(addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            (std::net::Ipv4Addr::LOCALHOST, addr.port()).into()
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            (std::net::Ipv6Addr::LOCALHOST, addr.port()).into()
+        }
+        _ => addr,
+    }
+}
+
+/// The served model as the lab pages list it.
+fn served_entry(path: &std::path::Path, name: &str) -> kiln_lab::http::ModelEntry {
+    kiln_lab::http::ModelEntry {
+        name: name.to_string(),
+        path: path.to_path_buf(),
+        // A folder's size is the cache listing's business; the served file's is one stat.
+        size_bytes: std::fs::metadata(path).map_or(0, |m| if m.is_file() { m.len() } else { 0 }),
+        kind: if path.is_dir() { "folder" } else { "file" },
+    }
+}
+
+/// The lab's view of the model cache.
+fn cached_models() -> Vec<kiln_lab::http::ModelEntry> {
+    kiln_hub::list_cached()
+        .into_iter()
+        .map(|m| kiln_lab::http::ModelEntry {
+            kind: if m.path.is_dir() { "folder" } else { "file" },
+            name: m.name,
+            path: m.path,
+            size_bytes: m.size_bytes,
+        })
+        .collect()
+}
+
+/// The jobs API, the lab's routes and pages, the `jobs` section of `/stats`, and the job-gate
+/// response header.
+fn job_extensions(jobs: &JobHost, served: kiln_lab::http::ModelEntry) -> Extensions {
     let (for_stats, for_note) = (jobs.clone(), jobs.clone());
+    let lab = kiln_lab::http::router(kiln_lab::http::LabState {
+        jobs: jobs.clone(),
+        models: Arc::new(cached_models),
+        served,
+        resolve: Arc::new(|spec: &str| kiln_hub::resolve_model(spec, false).ok().map(|m| m.path)),
+    });
     Extensions {
-        router: Some(kiln_jobs::http::router(jobs.clone())),
+        open_paths: kiln_lab::http::OPEN_PATHS.to_vec(),
+        router: Some(kiln_jobs::http::router(jobs.clone()).merge(lab)),
         stats: vec![(
             "jobs".into(),
             Arc::new(move || serde_json::to_value(for_stats.status()).unwrap_or_default()),

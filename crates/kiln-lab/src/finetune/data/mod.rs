@@ -171,6 +171,34 @@ pub fn inspect_data_dir(data_dir: &Path) -> Result<DatasetSummary, LabError> {
     })
 }
 
+/// [`inspect_data_dir`] plus the first `limit` rows of the training file, as written.
+#[derive(Debug, Clone, Serialize)]
+pub struct DatasetPreview {
+    /// The counts and format.
+    #[serde(flatten)]
+    pub summary: DatasetSummary,
+    /// The first rows of the training file.
+    pub rows: Vec<serde_json::Value>,
+}
+
+/// Checks a data folder as [`inspect_data_dir`] does and returns its first `limit` rows.
+pub fn preview_data_dir(data_dir: &Path, limit: usize) -> Result<DatasetPreview, LabError> {
+    let summary = inspect_data_dir(data_dir)?;
+    let files = DataFiles::find(data_dir)?;
+    let file = std::fs::File::open(&files.train).map_err(|e| LabError::io(&files.train, e))?;
+    let mut rows = Vec::new();
+    for line in std::io::BufRead::lines(std::io::BufReader::new(file)) {
+        if rows.len() >= limit {
+            break;
+        }
+        let line = line.map_err(|e| LabError::io(&files.train, e))?;
+        if let Ok(v) = serde_json::from_str(&line) {
+            rows.push(v);
+        }
+    }
+    Ok(DatasetPreview { summary, rows })
+}
+
 /// The files a `data_dir` stands for.
 struct DataFiles {
     train: PathBuf,
