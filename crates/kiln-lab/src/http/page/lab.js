@@ -364,6 +364,7 @@ const Lab = (() => {
       area.fromRow(job);
       end = { type: job.status === "done" ? "done" : job.status, error: job.error, output_dir: job.output_path };
     }
+    if (end.type === "failed") report("The job failed: " + (end.error || "no reason given")); // announced, in view
     return end;
   }
 

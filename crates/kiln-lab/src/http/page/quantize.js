@@ -133,7 +133,7 @@
     const s = settings(st), out = $("q-preview-out");
     const body = { model_id: s.model_id, format: s.format, bits: s.bits };
     if (s.format === "gguf" && !s.mixed && s.gguf_type) body.gguf_type = s.gguf_type;
-    if (s.mixed) body.target_bpw = s.target_bpw;
+    if (s.mixed) { body.target_bpw = s.target_bpw; body.candidate_bits = s.candidate_bits; }
     if (previewing) previewing.abort();
     const mine = new AbortController();
     previewing = mine;
