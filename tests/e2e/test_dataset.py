@@ -120,6 +120,8 @@ def test_bad_submits_are_400_naming_the_field(keyed_server):
              ({"template_id": "sft_qa_pairs"}, "inputs.pairs_text: is required"),
              ({"template_id": "self_instruct", "inputs": {"seeds": "x", "variants_per_seed": "lots"}}, "inputs.variants_per_seed"),
              ({"template_id": "sft_qa_pairs", "inputs": {"pairs_text": "Q: a\nA: b"}, "temperature": 9}, "temperature"),
+             ({"template_id": "dpo_pref_pairs", "inputs": {"csv_text": "nonsense"}}, "inputs.csv_text"),
+             ({"template_id": "tool_use_traces", "inputs": {"tools_json": "{}", "scenarios": "x"}}, "inputs.tools_json"),
              ([1, 2], "JSON object")]
     for body, needle in cases:
         r = submit(keyed_server, body)

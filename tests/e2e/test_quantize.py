@@ -55,6 +55,7 @@ def test_bad_configs_name_the_field_and_create_no_row(qserver, dirs):
         ({"model_id": TINY, "target_bpw": 40}, "target_bpw"),
         ({"model_id": TINY, "candidate_bits": [4, 7]}, "candidate_bits"),
         ({"model_id": TINY, "bitz": 4}, "bitz"),
+        ({"model_id": "smollm2", "target_bpw": 2, "candidate_bits": [4, 8]}, "below the smallest"),
     ]
     for config, field in cases:
         r = post(url, config)
@@ -116,7 +117,7 @@ def test_mixed_job_cancelled_mid_sensitivity_leaves_nothing(qserver, dirs):
 def test_mixed_job_streams_per_module_sensitivity_then_cancels(qserver, dirs):
     url = qserver.url
     target = os.path.join(dirs[1], "smol-mixed-metrics.gguf")
-    r = post(url, {"model_id": "smollm2", "target_bpw": 5.0, "candidate_bits": [4, 8], "n_calibration": 1,
+    r = post(url, {"model_id": "smollm2", "target_bpw": 5.5, "candidate_bits": [4, 8], "n_calibration": 1,
                    "out_dir": target})
     assert r.status_code == 200, r.text
     job_id = r.json()["job_id"]

@@ -99,6 +99,8 @@ async fn a_bad_config_is_refused_before_any_row_exists() {
         refuse(json!({"template_id": "cot_synthesis", "inputs": {"questions": "q"}}))
             .contains("needs the served model")
     );
+    let e = refuse(json!({"template_id": "dpo_pref_pairs", "inputs": {"csv_text": "no header"}}));
+    assert!(e.contains("inputs.csv_text: the header needs"), "{e}");
     let out = dir.path().join("taken");
     std::fs::create_dir_all(&out).unwrap();
     std::fs::write(out.join("train.jsonl"), "{}\n").unwrap();

@@ -181,7 +181,7 @@ try {
   await shots(page, "finetune");
   t = lap("finetune", t);
 
-  // 4. Quantize the served GGUF, mixed to 5 bpw over 4 and 8 bits; cancel it from the status page.
+  // 4. Quantize the served GGUF, mixed to 5.5 bpw over 4 and 8 bits; cancel it from the status page.
   await nav(page, "quantize");
   await page.waitForSelector("#q-source-0", { timeout: MIN });
   out.sourceDefault = await page.getAttribute('input[name="q-source"]:checked', "value");
@@ -189,7 +189,7 @@ try {
   await page.click("#q-next-1");
   await page.check("#q-mode-mixed");
   await page.check("#q-format-gguf");
-  await page.fill("#q-bpw", "5");
+  await page.fill("#q-bpw", "5.5");
   for (const b of [2, 3, 4, 5, 6, 8]) await page.setChecked("#q-cand-" + b, b === 4 || b === 8);
   await page.fill("#q-out", path.join(scratch, "mixed.gguf"));
   await page.waitForTimeout(600); // let the debounced preview of the last edit start

@@ -28,15 +28,7 @@ pub fn import(g: &mut Gen) -> Result<Vec<Row>, LabError> {
     let inputs = g.inputs;
     let id = inputs.text("hf_id").trim();
     let split = inputs.text("split").trim();
-    let format = match OutputFormat::parse(inputs.text("output_format").trim()) {
-        Some(f) => f,
-        None => {
-            return Err(LabError::config(
-                "inputs.output_format",
-                "must be text, messages, prompt_completion or dpo",
-            ));
-        }
-    };
+    let format = output_format(inputs)?;
     let config = pick_config(&client, id, inputs.text("config").trim(), split)?;
     let max = inputs.number("max_rows") as usize;
     let mut rows = Vec::new();
@@ -66,6 +58,20 @@ pub fn import(g: &mut Gen) -> Result<Vec<Row>, LabError> {
             return Ok(rows);
         }
     }
+}
+
+fn output_format(inputs: &Inputs) -> Result<OutputFormat, LabError> {
+    OutputFormat::parse(inputs.text("output_format").trim()).ok_or_else(|| {
+        LabError::config(
+            "inputs.output_format",
+            "must be text, messages, prompt_completion or dpo",
+        )
+    })
+}
+
+/// `output_format` names a format.
+pub(super) fn check_inputs(inputs: &Inputs) -> Result<(), LabError> {
+    output_format(inputs).map(|_| ())
 }
 
 /// The given config, or the first listed one that has `split`.

@@ -175,6 +175,7 @@ impl JobRunner for DatasetRunner {
         mut config: Map<String, Value>,
     ) -> Result<(Map<String, Value>, Option<String>), String> {
         let p = self.parse(&config).map_err(|e| e.to_string())?;
+        super::precheck(&p.def, &p.inputs).map_err(|e| e.to_string())?;
         if p.def.llm && self.loopback.get().is_none() {
             return Err(format!(
                 "{} needs the served model, and this job host has none",

@@ -58,6 +58,32 @@ pub fn check(
     Ok((def, inputs))
 }
 
+/// The input errors that can be found without running the template (so a submit is refused
+/// with a 400 instead of starting a job that fails): the templates that only parse their
+/// inputs are run and their rows dropped; tool definitions and mocks are parsed.
+pub fn precheck(def: &TemplateDef, inputs: &Inputs) -> Result<(), LabError> {
+    match def.id {
+        "sft_qa_pairs" | "dpo_pref_pairs" | "format_conversion" => {
+            match generate(def, inputs, None, &mut NoProgress) {
+                Err(e @ LabError::Config { .. }) => Err(e),
+                _ => Ok(()),
+            }
+        }
+        "tool_use_traces" => traces::check_inputs(inputs),
+        "hf_dataset_import" => hub::check_inputs(inputs),
+        _ => Ok(()),
+    }
+}
+
+struct NoProgress;
+
+impl Progress for NoProgress {
+    fn step(&mut self, _: usize, _: usize, _: &str) -> Result<(), LabError> {
+        Ok(())
+    }
+    fn warn(&mut self, _: &str) {}
+}
+
 /// Runs `def` on `inputs`; `llm` must be given for a template with `llm: true`.
 pub fn generate(
     def: &TemplateDef,

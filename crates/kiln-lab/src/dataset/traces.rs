@@ -79,6 +79,12 @@ fn trace(
     Ok(None)
 }
 
+/// `tools_json` and `mock_results` parse.
+pub(super) fn check_inputs(inputs: &super::Inputs) -> Result<(), LabError> {
+    parse_tools(inputs.text("tools_json"))?;
+    parse_mocks(inputs.text("mock_results")).map(|_| ())
+}
+
 /// A non-empty JSON array of OpenAI function tools.
 fn parse_tools(text: &str) -> Result<Value, LabError> {
     let field = "inputs.tools_json";

@@ -31,6 +31,17 @@ pub enum MethodName {
     Orpo,
 }
 
+impl MethodName {
+    /// The name as configs spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MethodName::Sft => "sft",
+            MethodName::Dpo => "dpo",
+            MethodName::Orpo => "orpo",
+        }
+    }
+}
+
 /// How each module's rank follows from the base rank (spec §8.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

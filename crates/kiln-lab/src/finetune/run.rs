@@ -170,8 +170,9 @@ fn check_format(cfg: &FinetuneConfig, train: &Dataset) -> Result<(), LabError> {
         return Err(LabError::config(
             "data_dir",
             format!(
-                "method {:?} needs {need}; the data is {}",
-                cfg.method, train.format
+                "method {} needs {need}; the data is {}",
+                cfg.method.as_str(),
+                train.format
             ),
         ));
     }

@@ -1,6 +1,7 @@
-//! The lab's HTTP routes (spec §3.8) and its pages: dataset templates and submit, the data
-//! folder inspection the fine-tune page previews, the quantize preview, the model list, and
-//! the wizard pages under `/lab`. Merged into the server behind its API key.
+//! The lab's HTTP routes (spec §3.8) and its pages: dataset templates and submit, quantize and
+//! fine-tune submit (the job API with the spec's answers), the data folder inspection the
+//! fine-tune page previews, the quantize preview, the model list, and the wizard pages under
+//! `/lab`. Merged into the server behind its API key.
 
 mod pages;
 
@@ -56,6 +57,8 @@ pub fn router(state: LabState) -> Router {
         .route("/api/dataset/templates", get(templates))
         .route("/api/dataset/submit", post(submit_dataset))
         .route("/api/finetune/inspect-dataset", post(inspect_dataset))
+        .route("/api/finetune/submit", post(submit_finetune))
+        .route("/api/quantize/submit", post(submit_quantize))
         .route("/api/quantize/preview", post(quantize_preview))
         .route("/api/lab/models", get(models))
         .with_state(state)
@@ -151,6 +154,27 @@ async fn submit_dataset(State(s): State<LabState>, body: Bytes) -> Answer {
     let jobs = s.jobs.clone();
     let job = blocking(move || jobs.submit("dataset", Value::Object(config))).await??;
     Ok(ok(json!({"job_id": job.id, "output_dir": job.output_path})))
+}
+
+/// `POST /api/quantize/submit` (the quantize job's config as the body) → `{ok, job_id,
+/// output_dir}` (spec §3.8).
+async fn submit_quantize(State(s): State<LabState>, body: Bytes) -> Answer {
+    submit_kind(&s, "quantize", &body, "output_dir").await
+}
+
+/// `POST /api/finetune/submit` (the fine-tune job's config as the body) → `{ok, job_id,
+/// adapter_path}` (spec §3.8).
+async fn submit_finetune(State(s): State<LabState>, body: Bytes) -> Answer {
+    submit_kind(&s, "finetune", &body, "adapter_path").await
+}
+
+async fn submit_kind(s: &LabState, kind: &'static str, body: &Bytes, out_key: &str) -> Answer {
+    let config = object(body)?;
+    let jobs = s.jobs.clone();
+    let job = blocking(move || jobs.submit(kind, Value::Object(config))).await??;
+    let mut answer = json!({"job_id": job.id});
+    answer[out_key] = job.output_path.into();
+    Ok(ok(answer))
 }
 
 /// Rows previewed by default, and at most.

@@ -121,6 +121,9 @@ impl JobRunner for QuantizeRunner {
         std::fs::create_dir_all(&self.models_dir)
             .map_err(|e| format!("{}: {e}", self.models_dir.display()))?;
         let cfg = self.parse(&config).map_err(|e| e.to_string())?;
+        // Headers only: a target the candidates cannot reach is refused before a row exists.
+        let files = kiln_model::files::ModelFiles::open(&cfg.source).map_err(|e| e.to_string())?;
+        super::run::check_target_reachable(&cfg, &files.config).map_err(|e| e.to_string())?;
         let out = cfg.out.display().to_string();
         config.insert("out_dir".into(), Value::String(out.clone()));
         Ok((config, Some(out)))

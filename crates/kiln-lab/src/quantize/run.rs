@@ -151,6 +151,7 @@ fn run_into(
         sensitivity_secs: 0.0,
         total_secs: 0.0,
     };
+    check_target_reachable(cfg, &files.config)?;
     let allocation = match cfg.target_bpw {
         Some(target) => {
             let sens = match &cfg.sensitivity_from {
@@ -407,6 +408,53 @@ fn matrix_shape(c: &ModelConfig, name: &str) -> Option<(usize, usize)> {
     })
 }
 
+/// Stored bits per weight over every quantized matrix when the modules in `bits` take their
+/// width and the rest the uniform layout.
+fn stored_bpw(
+    cfg: &QuantizeConfig,
+    matrices: &[(String, usize, usize)],
+    bits: &[(String, u32)],
+) -> f64 {
+    let (mut b, mut p) = (0.0, 0.0);
+    for (module, rows, cols) in matrices {
+        let layout = match bits.iter().find(|(m, _)| m == module) {
+            Some((_, w)) => Some(layout_for(cfg, *w, *cols)),
+            None => uniform_layout(cfg, *cols),
+        };
+        if let Some(layout) = layout {
+            let n = (rows * cols) as f64;
+            b += n * layout.bits_per_weight();
+            p += n;
+        }
+    }
+    b / p.max(1.0)
+}
+
+/// Refuses a mixed target below the smallest size the candidates reach: every measurable
+/// projection at the lowest width, the rest uniform. Known from the config alone, so it is
+/// checked before anything is measured.
+pub fn check_target_reachable(cfg: &QuantizeConfig, config: &ModelConfig) -> Result<(), LabError> {
+    let Some(target) = cfg.target_bpw else {
+        return Ok(());
+    };
+    let lowest = cfg.candidates().first().copied().unwrap_or(4);
+    let matrices = all_matrices(config);
+    let bits: Vec<(String, u32)> = (matrices.iter())
+        .filter(|(m, _, _)| module_for(cfg, config, format!("{m}.weight")).is_some())
+        .map(|(m, _, _)| (m.clone(), lowest))
+        .collect();
+    let smallest = stored_bpw(cfg, &matrices, &bits);
+    if smallest > target {
+        return Err(LabError::config(
+            "target_bpw",
+            format!(
+                "{target} is below the smallest this model reaches with these candidates ({smallest:.3}: every projection at the lowest width, the rest uniform)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The allocator's target is nominal code bits over the measured modules; the user's is stored
 /// bits per weight (the file size) over every quantized matrix, the embedding and head at the
 /// uniform layout included. Scales and the GGUF type ladder put stored bits above the nominal
@@ -420,21 +468,7 @@ fn allocate_to_size(
 ) -> Result<Vec<(String, u32)>, LabError> {
     let candidates = cfg.candidates();
     let matrices = all_matrices(config);
-    let stored = |bits: &[(String, u32)]| -> f64 {
-        let (mut b, mut p) = (0.0, 0.0);
-        for (module, rows, cols) in &matrices {
-            let layout = match bits.iter().find(|(m, _)| m == module) {
-                Some((_, w)) => Some(layout_for(cfg, *w, *cols)),
-                None => uniform_layout(cfg, *cols),
-            };
-            if let Some(layout) = layout {
-                let n = (rows * cols) as f64;
-                b += n * layout.bits_per_weight();
-                p += n;
-            }
-        }
-        b / p.max(1.0)
-    };
+    let stored = |bits: &[(String, u32)]| stored_bpw(cfg, &matrices, bits);
     // optiq boosts the first and last blocks ×100 as a prior that they are the sensitive
     // ones. On a model of few blocks those two are a large share of it and the boost starves
     // the rest (the tiny checkpoints allocate worse than uniform with it), so it is on only
