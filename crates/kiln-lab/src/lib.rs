@@ -19,3 +19,16 @@ pub fn expand_home(path: &str) -> std::path::PathBuf {
         _ => std::path::PathBuf::from(path),
     }
 }
+
+/// Percent-encodes what is not safe in a URL path segment or query value (RFC 3986
+/// unreserved characters pass).
+pub fn percent_encode(v: &str) -> String {
+    v.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}

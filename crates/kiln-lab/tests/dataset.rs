@@ -2,8 +2,6 @@
 //! kiln's own fine-tune loader accepts them. The LLM templates run against a scripted model
 //! (the same templates against the real served model are `tests/e2e/test_dataset.py`).
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -528,47 +526,31 @@ fn verified_code_keeps_code_whose_asserts_pass() {
     assert_eq!((w.rows, rows[0]["verified"].clone()), (1, json!(false)));
 }
 
+mod fake_http;
+
 /// Serves `/splits` and `/rows` of one fake dataset, as the hub's datasets API answers.
 fn fake_datasets_api() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
-            loop {
-                let mut h = String::new();
-                if reader.read_line(&mut h).unwrap() == 0 || h == "\r\n" {
-                    break;
-                }
-            }
-            let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
-            let body = if path.starts_with("/splits") {
-                json!({"splits": [{"dataset": "d", "config": "other", "split": "test"}, {"dataset": "d", "config": "default", "split": "train"}]})
-            } else {
-                let offset: usize = path
-                    .split("offset=")
-                    .nth(1)
-                    .and_then(|s| s.split('&').next())
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0);
-                assert!(path.contains("config=default"), "{path}");
-                let rows: Vec<Value> = (offset..(offset + 100).min(150))
-                    .map(|i| json!({"row_idx": i, "row": {"text": format!("row {i} {}", "x".repeat(i % 3 * 10)), "label": if i % 2 == 0 { "keep" } else { "drop" }}}))
-                    .collect();
-                json!({"rows": rows, "num_rows_total": 150})
-            };
-            let body = body.to_string();
-            let mut s = stream;
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
+    fake_http::serve(|req| {
+        let path = req.path;
+        if path.starts_with("/splits") {
+            let splits = [("other", "test"), ("default", "train")]
+                .map(|(config, split)| json!({"dataset": "d", "config": config, "split": split}));
+            return json!({ "splits": splits }).to_string();
         }
-    });
-    format!("http://{addr}")
+        assert!(path.contains("config=default"), "{path}");
+        let offset: usize = (path.split("offset=").nth(1))
+            .and_then(|s| s.split('&').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let rows: Vec<Value> = (offset..(offset + 100).min(150))
+            .map(|i| {
+                let text = format!("row {i} {}", "x".repeat(i % 3 * 10));
+                let label = if i % 2 == 0 { "keep" } else { "drop" };
+                json!({"row_idx": i, "row": {"text": text, "label": label}})
+            })
+            .collect();
+        json!({"rows": rows, "num_rows_total": 150}).to_string()
+    })
 }
 
 #[test]

@@ -1,8 +1,6 @@
 //! The `dataset` job kind on a real job host: submit checks, the loopback call with the
 //! server's API key, cancellation between rows, and host close (`engine_closed`).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,49 +9,21 @@ use kiln_lab::dataset::Loopback;
 use kiln_lab::dataset::job::{DatasetRunner, LoopbackCell};
 use serde_json::{Value, json};
 
-/// A fake `/v1/chat/completions` that answers after `delay`, recording each Authorization
-/// header and body.
+mod fake_http;
+
 /// Each request's Authorization header and body.
 type Seen = Arc<Mutex<Vec<(String, Value)>>>;
 
+/// A fake `/v1/chat/completions` that answers after `delay`, recording each request.
 fn fake_chat(delay: Duration) -> (String, Seen) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen = Seen::default();
     let log = seen.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let (mut auth, mut len) = (String::new(), 0usize);
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
-            loop {
-                let mut h = String::new();
-                if reader.read_line(&mut h).unwrap() == 0 || h == "\r\n" {
-                    break;
-                }
-                let lower = h.to_ascii_lowercase();
-                if let Some(v) = lower.strip_prefix("authorization:") {
-                    auth = h[h.len() - v.len()..].trim().to_string();
-                }
-                if let Some(v) = lower.strip_prefix("content-length:") {
-                    len = v.trim().parse().unwrap();
-                }
-            }
-            let mut body = vec![0; len];
-            reader.read_exact(&mut body).unwrap();
-            log.lock()
-                .unwrap()
-                .push((auth, serde_json::from_slice(&body).unwrap_or(Value::Null)));
-            std::thread::sleep(delay);
-            let reply = json!({"choices": [{"message": {"role": "assistant", "content": "Reasoned. Answer: 4"}}]}).to_string();
-            let mut s = stream;
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
-                reply.len()
-            );
-        }
+    let url = fake_http::serve(move |req| {
+        let body = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+        log.lock().unwrap().push((req.authorization, body));
+        std::thread::sleep(delay);
+        json!({"choices": [{"message": {"role": "assistant", "content": "Reasoned. Answer: 4"}}]})
+            .to_string()
     });
     (url, seen)
 }

@@ -36,9 +36,9 @@ pub fn import(g: &mut Gen) -> Result<Vec<Row>, LabError> {
     loop {
         let url = format!(
             "{api}/rows?dataset={}&config={}&split={}&offset={offset}&length={PAGE}",
-            enc(id),
-            enc(&config),
-            enc(split)
+            crate::percent_encode(id),
+            crate::percent_encode(&config),
+            crate::percent_encode(split)
         );
         let page = client.get(&url)?;
         let got = page["rows"].as_array().cloned().unwrap_or_default();
@@ -76,7 +76,11 @@ pub(super) fn check_inputs(inputs: &Inputs) -> Result<(), LabError> {
 
 /// The given config, or the first listed one that has `split`.
 fn pick_config(client: &Client, id: &str, given: &str, split: &str) -> Result<String, LabError> {
-    let splits = client.get(&format!("{}/splits?dataset={}", client.api, enc(id)))?;
+    let splits = client.get(&format!(
+        "{}/splits?dataset={}",
+        client.api,
+        crate::percent_encode(id)
+    ))?;
     let list = splits["splits"].as_array().cloned().unwrap_or_default();
     let has = |c: &Value| c["split"].as_str() == Some(split);
     let found = list
@@ -216,16 +220,4 @@ impl Client {
             self.api
         )))
     }
-}
-
-/// Percent-encodes a query value.
-fn enc(v: &str) -> String {
-    v.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }

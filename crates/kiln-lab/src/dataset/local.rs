@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::output::Row;
 use super::templates::Inputs;
 use crate::LabError;
-use crate::rng::SplitMix64;
+use crate::rng::{SplitMix, in_range};
 
 /// `sft_qa_pairs`: `Q:`/`A:` blocks (either may run over several lines) → user/assistant chats.
 pub fn qa_pairs(inputs: &Inputs) -> Vec<Row> {
@@ -100,7 +100,7 @@ pub fn code_pairs(inputs: &Inputs) -> Result<Vec<Row>, LabError> {
         ));
     }
     let max = inputs.number("max_pairs") as usize;
-    let mut rng = SplitMix64::new(inputs.number("seed"));
+    let mut rng = SplitMix::new(inputs.number("seed"));
     let mut rows = Vec::new();
     for file in python_files(&dir)? {
         let Ok(text) = std::fs::read_to_string(&file) else {
@@ -112,7 +112,7 @@ pub fn code_pairs(inputs: &Inputs) -> Result<Vec<Row>, LabError> {
             }
             let chars: Vec<(usize, char)> = chunk.char_indices().collect();
             let n = chars.len();
-            let at = chars[rng.in_range(n / 4, 3 * n / 4).min(n - 1)].0;
+            let at = chars[in_range(&mut rng, n / 4, 3 * n / 4).min(n - 1)].0;
             rows.push(Row::prompt_completion(&chunk[..at], &chunk[at..]));
         }
     }

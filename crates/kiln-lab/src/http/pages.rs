@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 /// Every page file: name, content type, compiled-in text.
-const FILES: [(&str, &str, &str); 7] = [
+const FILES: [(&str, &str, &str); 8] = [
     (
         "lab.html",
         "text/html; charset=utf-8",
@@ -20,6 +20,11 @@ const FILES: [(&str, &str, &str); 7] = [
         "lab.css",
         "text/css; charset=utf-8",
         include_str!("page/lab.css"),
+    ),
+    (
+        "chart.js",
+        "text/javascript; charset=utf-8",
+        include_str!("page/chart.js"),
     ),
     (
         "lab.js",

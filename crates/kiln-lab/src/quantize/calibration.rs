@@ -91,7 +91,7 @@ pub fn chunks(
 
 /// Fisher–Yates with splitmix64: deterministic across platforms and releases.
 fn shuffle(v: &mut [usize], seed: u64) {
-    let mut rng = crate::rng::SplitMix64::new(seed);
+    let mut rng = crate::rng::SplitMix::new(seed);
     for i in (1..v.len()).rev() {
         let j = (rng.next_u64() % (i as u64 + 1)) as usize;
         v.swap(i, j);

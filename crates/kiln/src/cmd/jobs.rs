@@ -172,17 +172,7 @@ fn s(v: &Value) -> &str {
     v.as_str().unwrap_or("-")
 }
 
-/// Percent-encodes what is not safe in a path segment or query value.
-fn encode(v: &str) -> String {
-    v.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
+use kiln_lab::percent_encode as encode;
 
 fn agent(timeout: Option<Duration>) -> ureq::Agent {
     ureq::Agent::config_builder()
