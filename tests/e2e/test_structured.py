@@ -120,7 +120,7 @@ def test_forced_tool_call_arguments_validate(oai, anth):
                                                "parameters": WEATHER, "strict": True}},
              {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}]
     for choice in ["required", {"type": "function", "function": {"name": "get_weather"}}]:
-        r = oai.chat.completions.create(model="x", max_tokens=200, tools=tools, tool_choice=choice,
+        r = oai.chat.completions.create(model="x", max_tokens=200, tools=tools, tool_choice=choice, temperature=0,
                                         messages=[{"role": "user", "content": "Weather in Paris?"}])
         c = r.choices[0]
         assert c.finish_reason == "tool_calls"
