@@ -212,13 +212,18 @@ pub fn rag_qa(g: &mut Gen) -> Result<Vec<Row>, LabError> {
 pub fn chunk(doc: &str, min: usize) -> Vec<String> {
     let mut chunks: Vec<String> = Vec::new();
     let mut cur = String::new();
+    // A running count: recounting the chunk per paragraph is quadratic on hostile input.
+    let mut cur_chars = 0;
     for p in paragraphs(doc) {
         if !cur.is_empty() {
             cur.push_str("\n\n");
+            cur_chars += 2;
         }
         cur.push_str(&p);
-        if cur.chars().count() >= min {
+        cur_chars += p.chars().count();
+        if cur_chars >= min {
             chunks.push(std::mem::take(&mut cur));
+            cur_chars = 0;
         }
     }
     match chunks.last_mut() {

@@ -197,6 +197,9 @@ fn run_python(code: &str, timeout: Duration) -> bool {
         .arg("-c")
         .arg(code)
         .current_dir(dir.path())
+        // The model's code gets no secrets of the server (API key, HF token): only PATH.
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

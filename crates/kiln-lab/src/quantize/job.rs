@@ -141,8 +141,16 @@ impl JobRunner for QuantizeRunner {
         if let Some(o) = summary.as_object_mut() {
             o.remove("sensitivity");
         }
+        // The model is written by now: a failed evaluation is a warning, not a failed job.
         if cfg.evaluate {
-            summary["eval"] = evaluate(ctx, &cfg, &report.output)?;
+            match evaluate(ctx, &cfg, &report.output) {
+                Ok(eval) => summary["eval"] = eval,
+                Err(e) if ctx.check().is_err() => return Err(e),
+                Err(e) => {
+                    let line = format!("warning: evaluation skipped: {e}");
+                    let _ = ctx.emit(kiln_jobs::event::log(&line));
+                }
+            }
         }
         Ok(RunOutput {
             output_path: Some(report.output.display().to_string()),

@@ -228,7 +228,7 @@
     sens.total = Number(ev.total) || sens.total;
     const values = sens.keys.map((k) => Number(kl[k]));
     sens.groups.push({ label: ev.module || "module " + ev.index, values });
-    sens.rows.append(el("tr", {}, el("td", { text: (ev.index ?? sens.groups.length - 1) + 1 }),
+    sens.rows.append(el("tr", {}, el("td", { text: ev.index ?? sens.groups.length }),
       el("td", { text: ev.module || "" }), values.map((v) => el("td", { text: Lab.num(v) }))));
     Lab.barChart(chart, sens.groups, { keys: sens.keys.map((k) => k + " bits"), slots: sens.total, xLabel: "modules in order",
       label: `Sensitivity of ${sens.groups.length} of ${sens.total || "?"} modules` });
