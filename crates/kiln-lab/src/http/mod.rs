@@ -66,9 +66,8 @@ pub fn router(state: LabState) -> Router {
 }
 
 /// Paths the pages are served at; they ask for the key themselves, so they need none.
-pub const OPEN_PATHS: [&str; 8] = [
+pub const OPEN_PATHS: [&str; 7] = [
     "/lab",
-    "/lab/",
     "/lab/assets/",
     "/quantize",
     "/finetune",

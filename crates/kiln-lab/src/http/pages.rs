@@ -59,7 +59,6 @@ const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self' 'unsa
 pub(super) fn router() -> Router {
     let mut r = Router::new()
         .route("/lab", get(|| async { file("lab.html") }))
-        .route("/lab/", get(|| async { file("lab.html") }))
         .route(
             "/lab/assets/{name}",
             get(|Path(name): Path<String>| async move { file(&name) }),
