@@ -43,6 +43,13 @@ pub fn tile_scores(
     }
     #[cfg(target_arch = "x86_64")]
     if level.clamp_to_hardware() >= CpuLevel::Avx2 {
+        if crate::attention::avx2::fits(tile.head_dim) {
+            // SAFETY: AVX2 is present (the level is clamped to the hardware); the head width
+            // fits and `check` has checked the sizes.
+            return unsafe {
+                crate::attention::avx2::scores(queries, tile, scale, scores, n, offset)
+            };
+        }
         // SAFETY: AVX2 is present (the level is clamped to the hardware).
         return unsafe { scores_avx2(queries, tile, scale, scores, n, offset) };
     }
@@ -73,6 +80,11 @@ pub fn tile_weighted_sum(
     }
     #[cfg(target_arch = "x86_64")]
     if level.clamp_to_hardware() >= CpuLevel::Avx2 {
+        if crate::attention::avx2::fits(tile.head_dim) {
+            // SAFETY: AVX2 is present (the level is clamped to the hardware); the head width
+            // fits and `check` has checked the sizes.
+            return unsafe { crate::attention::avx2::weighted(weights, n, offset, tile, out) };
+        }
         // SAFETY: AVX2 is present (the level is clamped to the hardware).
         return unsafe { weighted_avx2(weights, n, offset, tile, out) };
     }
@@ -195,6 +207,8 @@ mod tests {
             (128, 3, 50, 130),
             (136, 2, 17, 136),
             (64, 9, 20, 64),
+            (256, 1, 5, 256),
+            (24, 2, 3, 40),
         ];
         for (hd, group, len, stride) in shapes {
             let (n, off) = (len + 11, 6);
