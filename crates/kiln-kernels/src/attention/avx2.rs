@@ -1,4 +1,4 @@
-//! AVX2 forms of `attn_tile`'s loops, with the portable loops' arithmetic to the bit (the
+//! AVX2 forms of [`crate::attention::tile`]'s loops, with the portable loops' arithmetic to the bit (the
 //! AVX-512 forms' plan at half the width).
 //! - Scores: per key row and query head, eight running sums over the head's 8-value chunks
 //!   (multiply, then add), added up in lane order at the end. Eight key rows go at once; their
