@@ -12,9 +12,9 @@
 //! - Q4_0 ([`Q4_0X16_BYTES`]): 16 f16 scales, then four nibble vectors as for Q4_1; codes are
 //!   `w + 8`.
 //! - Q8_0 ([`Q8_0X16_BYTES`]): 16 f16 scales, then eight code vectors of `w + 128` (unsigned).
-//! - Q5_0 ([`Q5_0X16_BYTES`]): 16 f16 scales, eight 64-bit masks (bit `4k + b` of mask `i` is
-//!   row `k`'s 5th bit of code `4i + b`), then four nibble vectors as for Q4_1; codes are
-//!   `nibble + 16·bit = w + 16`.
+//! - Q5_0 ([`Q5_0X16_BYTES`]): 16 f16 scales, 64 bytes of the codes' fifth bits (as masks
+//!   for AVX-512, as bit planes for AVX2: [`FifthBits`]), then four nibble vectors as for
+//!   Q4_1; codes are `nibble + 16·bit = w + 16`.
 //! - Q4_K and Q6_K: 256-value super-blocks, laid out as [`crate::repack::kquant`] describes.
 //!
 //! The group blocks of a group follow each other along the row; groups follow each other down
@@ -27,6 +27,9 @@
 //! they agree to the bit.
 
 pub mod kquant;
+mod legacy;
+
+pub use legacy::FifthBits;
 
 use crate::arena::WeightBuf;
 use crate::dot::dot_unchecked;
@@ -72,95 +75,23 @@ fn file_block_bytes(ty: GgmlType) -> Option<usize> {
 const MAX_FILE_BLOCK: usize = Q6_K_BYTES;
 
 /// Writes row `k`'s file block `blk` into the group block `dst` (zeroed before its first row).
-fn pack(ty: GgmlType, k: usize, blk: &[u8], dst: &mut [u8]) {
+fn pack(ty: GgmlType, bits: FifthBits, k: usize, blk: &[u8], dst: &mut [u8]) {
     match ty {
-        GgmlType::Q4_K => return kquant::pack_q4_k(k, blk, dst),
-        GgmlType::Q5_K => return kquant::pack_q5_k(k, blk, dst),
-        GgmlType::Q6_K => return kquant::pack_q6_k(k, blk, dst),
-        _ => {}
-    }
-    dst[2 * k..2 * k + 2].copy_from_slice(&blk[0..2]);
-    match ty {
-        GgmlType::Q4_0 => {
-            for j in 0..4 {
-                let at = 32 + 64 * j + 4 * k;
-                dst[at..at + 4].copy_from_slice(&blk[2 + 4 * j..6 + 4 * j]);
-            }
-        }
-        GgmlType::Q4_1 => {
-            dst[32 + 2 * k..32 + 2 * k + 2].copy_from_slice(&blk[2..4]);
-            for j in 0..4 {
-                let at = 64 + 64 * j + 4 * k;
-                dst[at..at + 4].copy_from_slice(&blk[4 + 4 * j..8 + 4 * j]);
-            }
-        }
-        GgmlType::Q8_0 => {
-            for i in 0..8 {
-                for b in 0..4 {
-                    dst[32 + 64 * i + 4 * k + b] = blk[2 + 4 * i + b] ^ 0x80;
-                }
-            }
-        }
-        GgmlType::Q5_0 => {
-            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-            for e in 0..32 {
-                if qh >> e & 1 == 1 {
-                    let (i, bit) = (e / 4, 4 * k + e % 4);
-                    dst[32 + 8 * i + bit / 8] |= 1 << (bit % 8);
-                }
-            }
-            for j in 0..4 {
-                let at = 96 + 64 * j + 4 * k;
-                dst[at..at + 4].copy_from_slice(&blk[6 + 4 * j..10 + 4 * j]);
-            }
-        }
-        _ => unreachable!("only repackable types reach pack"),
+        GgmlType::Q4_K => kquant::pack_q4_k(k, blk, dst),
+        GgmlType::Q5_K => kquant::pack_q5_k(k, blk, dst),
+        GgmlType::Q6_K => kquant::pack_q6_k(k, blk, dst),
+        _ => legacy::pack(ty, bits, k, blk, dst),
     }
 }
 
 /// Writes row `k`'s file block, read back from the group block `src`, into `out` (one file
 /// block's bytes).
-fn unpack(ty: GgmlType, k: usize, src: &[u8], out: &mut [u8]) {
+fn unpack(ty: GgmlType, bits: FifthBits, k: usize, src: &[u8], out: &mut [u8]) {
     match ty {
-        GgmlType::Q4_K => return kquant::unpack_q4_k(k, src, out),
-        GgmlType::Q5_K => return kquant::unpack_q5_k(k, src, out),
-        GgmlType::Q6_K => return kquant::unpack_q6_k(k, src, out),
-        _ => {}
-    }
-    out[0..2].copy_from_slice(&src[2 * k..2 * k + 2]);
-    match ty {
-        GgmlType::Q4_0 => {
-            for j in 0..4 {
-                let at = 32 + 64 * j + 4 * k;
-                out[2 + 4 * j..6 + 4 * j].copy_from_slice(&src[at..at + 4]);
-            }
-        }
-        GgmlType::Q4_1 => {
-            out[2..4].copy_from_slice(&src[32 + 2 * k..32 + 2 * k + 2]);
-            for j in 0..4 {
-                let at = 64 + 64 * j + 4 * k;
-                out[4 + 4 * j..8 + 4 * j].copy_from_slice(&src[at..at + 4]);
-            }
-        }
-        GgmlType::Q8_0 => {
-            for i in 0..8 {
-                for b in 0..4 {
-                    out[2 + 4 * i + b] = src[32 + 64 * i + 4 * k + b] ^ 0x80;
-                }
-            }
-        }
-        GgmlType::Q5_0 => {
-            let qh = (0..32).fold(0u32, |qh, e| {
-                let (i, bit) = (e / 4, 4 * k + e % 4);
-                qh | u32::from(src[32 + 8 * i + bit / 8] >> (bit % 8) & 1) << e
-            });
-            out[2..6].copy_from_slice(&qh.to_le_bytes());
-            for j in 0..4 {
-                let at = 96 + 64 * j + 4 * k;
-                out[6 + 4 * j..10 + 4 * j].copy_from_slice(&src[at..at + 4]);
-            }
-        }
-        _ => unreachable!("only repackable types are built"),
+        GgmlType::Q4_K => kquant::unpack_q4_k(k, src, out),
+        GgmlType::Q5_K => kquant::unpack_q5_k(k, src, out),
+        GgmlType::Q6_K => kquant::unpack_q6_k(k, src, out),
+        _ => legacy::unpack(ty, bits, k, src, out),
     }
 }
 
@@ -168,6 +99,7 @@ fn unpack(ty: GgmlType, k: usize, src: &[u8], out: &mut [u8]) {
 #[derive(Debug, Clone)]
 pub struct RepackedMatrix {
     ty: GgmlType,
+    fifth_bits: FifthBits,
     rows: usize,
     cols: usize,
     data: WeightBuf,
@@ -182,16 +114,31 @@ impl RepackedMatrix {
             && file_block_bytes(ty).is_some()
     }
 
-    /// Repacks a copy of `w`; an error if its type has no interleaved layout.
+    /// Repacks a copy of `w` in the layout for the process's level; an error if its type has
+    /// no interleaved layout.
     pub fn new(w: &QMatrix<'_>) -> Result<Self> {
         Self::from_file_bytes(w.ty(), w.rows(), w.cols(), w.data().to_vec())
     }
 
-    /// Repacks `bytes` (`rows` rows of `cols` elements of `ty`, file layout): copied once to
-    /// huge-page storage, then rearranged there in place (group `g` takes exactly the bytes of
-    /// rows `16g..16g + 16`, so only one group's worth is copied aside at a time). An error if
-    /// `ty` has no interleaved layout or the size is wrong.
+    /// [`Self::with_fifth_bits`] in the layout whose kernels are fastest at the process's
+    /// level ([`FifthBits::for_level`]).
     pub fn from_file_bytes(ty: GgmlType, rows: usize, cols: usize, bytes: Vec<u8>) -> Result<Self> {
+        let fifth_bits = FifthBits::for_level(crate::cpu_level());
+        Self::with_fifth_bits(fifth_bits, ty, rows, cols, bytes)
+    }
+
+    /// Repacks `bytes` (`rows` rows of `cols` elements of `ty`, file layout), a Q5_0 matrix's
+    /// fifth bits laid out as `fifth_bits` (every level runs either): copied once to huge-page
+    /// storage, then rearranged there in place (group `g` takes exactly the bytes of rows
+    /// `16g..16g + 16`, so only one group's worth is copied aside at a time). An error if `ty`
+    /// has no interleaved layout or the size is wrong.
+    pub fn with_fifth_bits(
+        fifth_bits: FifthBits,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: Vec<u8>,
+    ) -> Result<Self> {
         let fb = file_block_bytes(ty).ok_or(KernelError::Unsupported { op: "repack", ty })?;
         let rb = QMatrix::new(ty, rows, cols, &bytes)?.row_bytes();
         let stripe = GROUP_ROWS * rb;
@@ -206,12 +153,13 @@ impl RepackedMatrix {
             group.fill(0);
             for (k, row) in file.chunks_exact(rb.max(1)).enumerate() {
                 for (blk, dst) in row.chunks_exact(fb).zip(group.chunks_exact_mut(16 * fb)) {
-                    pack(ty, k, blk, dst);
+                    pack(ty, fifth_bits, k, blk, dst);
                 }
             }
         }
         Ok(Self {
             ty,
+            fifth_bits,
             rows,
             cols,
             data,
@@ -249,7 +197,7 @@ impl RepackedMatrix {
         let fb = file_block_bytes(self.ty).unwrap_or(0);
         let mut row = vec![0u8; fb * self.blocks_per_row()];
         for (src, out) in self.row_blocks(r).zip(row.chunks_exact_mut(fb.max(1))) {
-            unpack(self.ty, r % GROUP_ROWS, src, out);
+            unpack(self.ty, self.fifth_bits, r % GROUP_ROWS, src, out);
         }
         row
     }
@@ -269,7 +217,13 @@ impl RepackedMatrix {
         let mut block = [0u8; MAX_FILE_BLOCK];
         let elems = self.ty.block_elems();
         for (src, d) in self.row_blocks(r).zip(dst.chunks_exact_mut(elems)) {
-            unpack(self.ty, r % GROUP_ROWS, src, &mut block[..fb]);
+            unpack(
+                self.ty,
+                self.fifth_bits,
+                r % GROUP_ROWS,
+                src,
+                &mut block[..fb],
+            );
             crate::dequantize_row(self.ty, &block[..fb], d)?;
         }
         Ok(())
@@ -528,6 +482,8 @@ macro_rules! x86_group_tile {
             GgmlType::Q4_0 => arms!(avx2, q4_0x16_q8_0, q8_0_row, Q4_0X16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
             GgmlType::Q4_1 => arms!($m, q4_1x16_q8_1, q8_1_row, Q4_1X16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
             GgmlType::Q8_0 => arms!($m, q8_0x16_q8_0, q8_0_row, Q8_0X16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
+            // The bit planes have one kernel, AVX2's, which runs at both levels.
+            GgmlType::Q5_0 if w.fifth_bits == FifthBits::Planes => arms!(avx2, q5_0p16_q8_0, q8_0_row, Q5_0X16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
             GgmlType::Q5_0 => arms!($m, q5_0x16_q8_0, q8_0_row, Q5_0X16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
             _ => {}
         }
@@ -747,6 +703,46 @@ mod tests {
                 let mut one = vec![0f32; rows];
                 matmul_repacked_at(level, &w, last, 1, &mut one, &mut scratch).unwrap();
                 assert_eq!(one, got[(tokens - 1) * rows..], "{ty:?} {level:?}: decode");
+            }
+        }
+    }
+
+    /// Q5_0's two fifth-bit layouts are different bytes that hold the same file rows and give
+    /// the same bits at every level, prefill and decode, whichever the hardware would pick.
+    #[test]
+    fn both_fifth_bit_layouts_give_the_same_bits() {
+        let ty = GgmlType::Q5_0;
+        for (rows, cols, tokens) in [(48, 576, 13), (21, 64, 8), (16, 32, 1)] {
+            let (data, _) = matrix(ty, rows, cols, 3 + rows as u32);
+            let rb = data.len() / rows;
+            let build =
+                |bits| RepackedMatrix::with_fifth_bits(bits, ty, rows, cols, data.clone()).unwrap();
+            let (masks, planes) = (build(FifthBits::Masks), build(FifthBits::Planes));
+            assert_ne!(
+                masks.group(0),
+                planes.group(0),
+                "{rows}x{cols}: the same bytes"
+            );
+            for r in 0..rows {
+                let want = &data[r * rb..(r + 1) * rb];
+                assert_eq!(masks.file_row(r), want, "masks, row {r}");
+                assert_eq!(planes.file_row(r), want, "planes, row {r}");
+            }
+            let x: Vec<f32> = (0..tokens * cols)
+                .map(|i| ((i * 53) % 197) as f32 / 98.0 - 1.0)
+                .collect();
+            let mut scratch = QuantizedActivations::new();
+            for level in supported_levels() {
+                for n in [tokens, 1] {
+                    let mut run = |w: &RepackedMatrix| {
+                        let mut out = vec![f32::NAN; n * rows];
+                        matmul_repacked_at(level, w, &x[..n * cols], n, &mut out, &mut scratch)
+                            .unwrap();
+                        out
+                    };
+                    let (m, p) = (run(&masks), run(&planes));
+                    assert_eq!(m, p, "{rows}x{cols}, {n} tokens, {level:?}");
+                }
             }
         }
     }

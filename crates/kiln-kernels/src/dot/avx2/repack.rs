@@ -120,7 +120,8 @@ pub fn q8_0x16_q8_0<const N: usize>(
 
 /// Q5_0 weights of one 16-row group × `N` Q8_0 activation rows, as [`q8_0x16_q8_0`], with
 /// `sums[t]` the activation blocks' integer `Σq`: the codes are `nibble + 16·bit` (`w + 16`),
-/// so `16·Σq` is taken off each block's integer sum.
+/// so `16·Σq` is taken off each block's integer sum. The fifth bits are the AVX-512 layout's
+/// masks ([`crate::repack::FifthBits::Masks`]); [`q5_0p16_q8_0`] reads AVX2's bit planes.
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
@@ -142,6 +143,46 @@ pub fn q5_0x16_q8_0<const N: usize>(
             let bits = unsafe { base.add(32 + 8 * i + 4 * h).cast::<u32>().read_unaligned() };
             let high = _mm256_and_si256(super::bits_to_bytes(u32::from_le(bits)), sixteen);
             *v = _mm256_or_si256(*v, high);
+        }
+        v
+    })
+}
+
+/// [`q5_0x16_q8_0`] on the bit-plane layout ([`crate::repack::FifthBits::Planes`]): half `h`'s
+/// 32 plane bytes hold, in bit `i` of each byte, the fifth bit of the code that code vector
+/// `i` has at that byte, so one 16-bit shift brings it to bit 4 (no bit crosses a byte: the
+/// shifts are at most four) and a mask and an OR set it.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c ([`crate::CpuLevel::Avx2`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn q5_0p16_q8_0<const N: usize>(
+    w: &[[u8; Q5_0X16_BYTES]],
+    a: [&[BlockQ8_0]; N],
+    sums: [&[f32]; N],
+    out: &mut [[f32; 16]; N],
+) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let sixteen = _mm256_set1_epi8(16);
+    offset_codes_x16(w, 16, a, sums, out, |base, h| {
+        // SAFETY: the planes at 32..96 and four nibble vectors at 96..352 of the 352-byte
+        // group block; half `h` reads its 32 bytes of each.
+        let (mut v, p) = unsafe {
+            let v = nibble_codes(base.add(96 + 32 * h), m4);
+            (v, _mm256_loadu_si256(base.add(32 + 32 * h).cast()))
+        };
+        let at_bit4 = [
+            _mm256_slli_epi16::<4>(p),
+            _mm256_slli_epi16::<3>(p),
+            _mm256_slli_epi16::<2>(p),
+            _mm256_slli_epi16::<1>(p),
+            p,
+            _mm256_srli_epi16::<1>(p),
+            _mm256_srli_epi16::<2>(p),
+            _mm256_srli_epi16::<3>(p),
+        ];
+        for (v, high) in v.iter_mut().zip(at_bit4) {
+            *v = _mm256_or_si256(*v, _mm256_and_si256(high, sixteen));
         }
         v
     })
