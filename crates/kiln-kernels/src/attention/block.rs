@@ -316,6 +316,86 @@ mod avx2 {
     pub(super) use Avx2 as K;
 }
 
+/// AVX2 score strips of 16 positions × 3 query vectors, so each key vector loaded serves three
+/// queries. The eight running sums over `d mod 8` of the reference are formed one after the
+/// other (each over its `d` in order, as the reference forms it) and added to the total as
+/// each is finished, in the reference's order: 2 registers per query and 8 positions, where
+/// holding all eight at once would take 8 and leave room for one query only.
+#[cfg(target_arch = "x86_64")]
+mod avx2_strip {
+    use super::{Kernels, Tile, avx2};
+    use std::arch::x86_64::*;
+
+    /// Query vectors per strip.
+    pub(super) const RS: usize = 3;
+
+    pub(super) struct K;
+
+    impl Kernels<16, RS, 16> for K {
+        fn strip(qs: [&[f32]; RS], kt: &[f32], ld: usize, j0: usize) -> [[f32; 16]; RS] {
+            let hd = qs[0].len();
+            assert!(hd > 0 && qs.iter().all(|q| q.len() == hd));
+            assert!(kt.len() >= (hd - 1) * ld + j0 + 16);
+            let mut out = [[0f32; 16]; RS];
+            // SAFETY: only built by `block_scores` at a level the hardware has (AVX2 or
+            // above); every read is within the lengths asserted above.
+            unsafe { strip(qs, kt.as_ptr().add(j0), ld, &mut out) };
+            out
+        }
+
+        fn chunk<const RR: usize>(ws: [&[f32]; RR], t: Tile<'_>, d0: usize, out: &mut [f32]) {
+            <avx2::K as Kernels<8, 1, 16>>::chunk(ws, t, d0, out)
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[allow(
+        clippy::undocumented_unsafe_blocks,
+        reason = "one SAFETY comment above the loops covers every load and store in them"
+    )]
+    unsafe fn strip(qs: [&[f32]; RS], kt: *const f32, ld: usize, out: &mut [[f32; 16]; RS]) {
+        let hd = qs[0].len();
+        let hd8 = hd / 8 * 8;
+        let mut total = [[_mm256_setzero_ps(); 2]; RS];
+        // SAFETY (all blocks): the caller checked `kt` for 16 columns on every row, and
+        // `d < head_dim`, the length of every query row.
+        for l in 0..8 {
+            let mut sum = [[_mm256_setzero_ps(); 2]; RS];
+            for c in (0..hd8).step_by(8) {
+                let (k0, k1) = unsafe {
+                    let p = kt.add((c + l) * ld);
+                    (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+                };
+                for r in 0..RS {
+                    let x = _mm256_set1_ps(unsafe { *qs[r].get_unchecked(c + l) });
+                    sum[r][0] = _mm256_add_ps(sum[r][0], _mm256_mul_ps(x, k0));
+                    sum[r][1] = _mm256_add_ps(sum[r][1], _mm256_mul_ps(x, k1));
+                }
+            }
+            for (total, sum) in total.iter_mut().zip(sum) {
+                for (t, s) in total.iter_mut().zip(sum) {
+                    *t = if l == 0 { s } else { _mm256_add_ps(*t, s) };
+                }
+            }
+        }
+        for r in 0..RS {
+            for d in hd8..hd {
+                let x = _mm256_set1_ps(unsafe { *qs[r].get_unchecked(d) });
+                let p = unsafe { kt.add(d * ld) };
+                let k = unsafe { [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))] };
+                for (t, k) in total[r].iter_mut().zip(k) {
+                    *t = _mm256_add_ps(*t, _mm256_mul_ps(x, k));
+                }
+            }
+            // SAFETY: `out[r]` has 16 floats.
+            unsafe {
+                _mm256_storeu_ps(out[r].as_mut_ptr(), total[r][0]);
+                _mm256_storeu_ps(out[r].as_mut_ptr().add(8), total[r][1]);
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn scores_avx512(a: &ScoreArgs<'_>, s: &mut [f32]) {
@@ -325,7 +405,7 @@ unsafe fn scores_avx512(a: &ScoreArgs<'_>, s: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn scores_avx2(a: &ScoreArgs<'_>, s: &mut [f32]) {
-    scores_body::<avx2::K, 8, 1, 16>(a, s)
+    scores_body::<avx2_strip::K, 16, { avx2_strip::RS }, 16>(a, s)
 }
 
 #[cfg(target_arch = "x86_64")]
