@@ -146,7 +146,11 @@ if [[ "$GIT_COMMIT" != unknown && -n "$(git -C "$ROOT" status --porcelain --untr
     GIT_COMMIT="$GIT_COMMIT (uncommitted changes)"
 fi
 CPU_MODEL="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)"
-CPU_MODEL="${CPU_MODEL:-unknown} ($(nproc 2>/dev/null || echo '?') logical CPUs)"
+# VMs often name only the vendor ("AMD EPYC"); family and model tell the core generation
+# (AMD family 23 model 1 is Zen 1, model 49 Zen 2; family 25 model 1 Zen 3, 17 Zen 4).
+CPU_FM="$(lscpu 2>/dev/null | awk -F: '/^CPU family:/ {gsub(/ /, "", $2); f = $2}
+    /^Model:/ {gsub(/ /, "", $2); m = $2} END {if (f != "") printf "family %s model %s", f, m}')"
+CPU_MODEL="${CPU_MODEL:-unknown} (${CPU_FM:+$CPU_FM, }$(nproc 2>/dev/null || echo '?') logical CPUs)"
 # The instruction-set flags the kernels of both engines choose by, and kiln's forced level.
 CPU_FLAGS="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | tr ' ' '\n' \
     | grep -E '^(avx|avx2|fma|f16c|avx_vnni|avx512(f|bw|vl|dq|_vnni|_bf16|vnni|bf16|_fp16)|amx_[a-z0-9]+)$' \
