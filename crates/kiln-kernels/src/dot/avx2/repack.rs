@@ -86,7 +86,7 @@ pub fn q8_0x16_q8_0<const N: usize>(
     for (b, g) in w[..nb].iter().enumerate() {
         let base = g.as_ptr();
         if N == 1 {
-            prefetch(base.wrapping_add(PREFETCH_AHEAD), Q8_0X16_BYTES);
+            prefetch(base.wrapping_add(Q8_0_PREFETCH_AHEAD), Q8_0X16_BYTES);
         }
         for h in 0..2 {
             // SAFETY: scales at 0..32 and eight 64-byte code vectors at 32..544 of the
@@ -310,6 +310,10 @@ pub(super) fn store<const N: usize>(acc: &[[__m256; 2]; N], out: &mut [[f32; 16]
 /// Zen 3 VM decode ran 10–20% faster with it (any distance from 768 to 3,072 bytes alike);
 /// with several tokens the weights come from cache and the hint would only cost instructions.
 pub(super) const PREFETCH_AHEAD: usize = 1536;
+
+/// [`PREFETCH_AHEAD`] for the 8-bit codes (the Q8_0 kernel and the 16-bit head): they spend
+/// fewer instructions per byte, so they ask further ahead (`docs/benchmarks.md`, issue 20).
+pub(super) const Q8_0_PREFETCH_AHEAD: usize = 3072;
 
 /// Asks for the cache lines of `bytes` from `at` (an address past the matrix is harmless: a
 /// prefetch never faults).
