@@ -225,6 +225,7 @@ fn offset_codes_x16<const B: usize, const N: usize>(
     let nb = a.iter().fold(w.len(), |n, r| n.min(r.len()));
     let nb = sums.iter().fold(nb, |n, r| n.min(r.len()));
     let ones = _mm256_set1_epi16(1);
+    let off = _mm256_set1_ps(offset as f32);
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
     for (b, g) in w[..nb].iter().enumerate() {
         let base = g.as_ptr();
@@ -240,8 +241,10 @@ fn offset_codes_x16<const B: usize, const N: usize>(
                 // |pair| ≤ 2·31·127: four pair sums fit in 16 bits, so two halves of four.
                 let (lo, hi) = block_pairs_halves(&v, &y.qs);
                 let s = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
-                // |Σq| < 2^12, so the f32 sum is an exact integer.
-                let s = _mm256_sub_epi32(s, _mm256_set1_epi32(offset * sums[t][b] as i32));
+                // |Σq| < 2^12, so the f32 sum is an exact integer, and so is its product with
+                // the offset (≤ 16); the vector conversion skips the checks of a scalar `as`.
+                let o = _mm256_cvttps_epi32(_mm256_mul_ps(_mm256_set1_ps(sums[t][b]), off));
+                let s = _mm256_sub_epi32(s, o);
                 let d = _mm256_mul_ps(dw, _mm256_set1_ps(f16c(y.d)));
                 acc[t][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t][h]);
             }
