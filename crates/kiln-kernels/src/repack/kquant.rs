@@ -10,7 +10,8 @@
 //!   of the minimums' low nibbles (byte `16(j mod 4) + k`, the high nibble for `j ≥ 4`); then
 //!   eight 256-byte pieces of codes, one per 32 values.
 //! - Q5_K ([`Q5_KX16_BYTES`]): the Q4_K header, then eight 320-byte pieces: four nibble
-//!   vectors as Q4_K's, and eight 64-bit masks of the codes' fifth bits as Q5_0's.
+//!   vectors as Q4_K's, and eight 64-bit masks of the codes' fifth bits as Q5_0's
+//!   [`crate::repack::FifthBits::Masks`] (at every level).
 //! - Q6_K ([`Q6_KX16_BYTES`]): 16 f16 `d`; 256 bytes, byte `16s + k` row `k`'s signed scale of
 //!   the 16 values `16s..`; then eight 384-byte pieces: four nibble vectors of the codes' low
 //!   four bits, and two vectors of their top two bits — in vector `h`, bits `2i..2i + 2` of
@@ -136,7 +137,7 @@ fn unpack_k4_header(k: usize, src: &[u8], out: &mut [u8]) {
 
 /// Writes row `k`'s Q5_K file super-block `blk` into the group block `dst` (zeroed before its
 /// first row): the Q4_K header and nibbles, and after each piece's nibbles its fifth bits as
-/// eight 64-bit masks (bit `4k + b` of mask `i` is row `k`'s bit of code `4i + b`, as Q5_0).
+/// eight 64-bit masks (bit `4k + b` of mask `i` is row `k`'s bit of code `4i + b`, as Q5_0's masks).
 pub(crate) fn pack_q5_k(k: usize, blk: &[u8], dst: &mut [u8]) {
     pack_k4_header(k, blk, dst);
     let (qh, qs) = (&blk[16..48], &blk[48..176]);

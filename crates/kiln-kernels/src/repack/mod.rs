@@ -2,7 +2,8 @@
 //! AVX-512 VNNI kernels that compute 16 rows per instruction (`dot/avx512/repack.rs`): the
 //! 32-bit lanes of a vector are the 16 rows, so one broadcast activation word meets four codes
 //! of every row. The AVX2 kernels (`dot/avx2/repack.rs`) read the same layout as two halves of
-//! eight rows, one 256-bit vector each.
+//! eight rows, one 256-bit vector each; only a Q5_0 block's fifth bits are laid out for the
+//! level that loads the matrix ([`FifthBits`]).
 //!
 //! A group block is 16 file blocks (one per row, same position along the row) rearranged; in
 //! every layout, code vector `i` (64 bytes) holds codes `4i..4i + 4` of row `k` in lane `k`:
@@ -54,7 +55,7 @@ pub const Q4_1X16_BYTES: usize = GROUP_ROWS * Q4_1_BYTES;
 pub const Q4_0X16_BYTES: usize = GROUP_ROWS * Q4_0_BYTES;
 /// Bytes of one Q8_0 group block: 16 scales, 512 code bytes.
 pub const Q8_0X16_BYTES: usize = GROUP_ROWS * Q8_0_BYTES;
-/// Bytes of one Q5_0 group block: 16 scales, 64 mask bytes, 256 nibble bytes.
+/// Bytes of one Q5_0 group block: 16 scales, 64 bytes of fifth bits, 256 nibble bytes.
 pub const Q5_0X16_BYTES: usize = GROUP_ROWS * Q5_0_BYTES;
 
 /// Bytes of one file block of a repackable type.

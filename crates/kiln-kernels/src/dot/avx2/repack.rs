@@ -1,5 +1,6 @@
 //! AVX2 kernels for Q4_1, Q8_0 and Q5_0 weights repacked 16 rows at a time
-//! ([`crate::repack`]), on the same layout as the AVX-512 VNNI kernels: a 64-byte code vector
+//! ([`crate::repack`]), on the same layout as the AVX-512 VNNI kernels (a Q5_0 matrix's fifth
+//! bits aside: [`crate::repack::FifthBits`]): a 64-byte code vector
 //! holds rows 0..8 in its first 32 bytes and rows 8..16 in the second, so each half is one
 //! `ymm` whose 32-bit lane `k` holds four codes of one row. Without VNNI, `vpmaddubsw`
 //! multiplies the codes by a broadcast activation word into 16-bit pair sums, which are added
@@ -212,6 +213,8 @@ pub fn q4_0x16_q8_0<const N: usize>(
 /// Shared body of the offset-code kernels (Q5_0, Q4_0): `decode(block, h)` gives half `h`'s
 /// eight code vectors (codes `w + offset`, below 32); the scales are the block's first 32
 /// bytes. Four pair sums of such codes fit in 16 bits, so each block half is widened in two.
+/// `sums` must hold the activation blocks' exact integer `Σq` (as
+/// [`crate::QuantizedActivations`] makes them), which is what the correction converts.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn offset_codes_x16<const B: usize, const N: usize>(

@@ -94,7 +94,7 @@ pub fn q5_0x16_q8_0<const N: usize>(
         let p = unsafe { vectors::<4>(base.add(96)) };
         let mut v = nibble_codes(&p, m4);
         for (i, v) in v.iter_mut().enumerate() {
-            // SAFETY: mask `i` of four, at 32..96 of the block.
+            // SAFETY: mask `i` of eight, at 32..96 of the block.
             let mask = unsafe { base.add(32 + 8 * i).cast::<u64>().read_unaligned() };
             let mask = u64::from_le(mask);
             *v = _mm512_mask_add_epi8(*v, mask, *v, sixteen);
