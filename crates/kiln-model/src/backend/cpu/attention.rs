@@ -201,7 +201,7 @@ fn attend_block(
         }
         let scores = &mut scores[..nq * n];
         for_each_tile(cell, codec, true, g, lo..lo + n, hd, tile, |t0, t| {
-            let ld = block::transpose_tile(t, keys_t);
+            let ld = block::transpose_tile(level, t, keys_t);
             block::block_scores(
                 level,
                 query,
