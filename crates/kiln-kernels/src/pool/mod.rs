@@ -428,6 +428,45 @@ pub fn for_each_chunk_mut<T: Send>(
     });
 }
 
+/// A new vector of `rows` rows of `cols` values, row `r` left as `fill(r, row)` leaves it,
+/// computed on the process-wide pool in pieces of `rows_per_piece` rows. Each row is zeroed
+/// inside its task just before `fill` runs: the allocation is never cleared up front, which
+/// would be one thread's serial pass over megabytes in a prefill.
+///
+/// # Panics
+/// If `rows × cols` overflows, or as `fill` does.
+pub fn new_rows(
+    rows: usize,
+    cols: usize,
+    rows_per_piece: usize,
+    fill: impl Fn(usize, &mut [f32]) + Sync,
+) -> Vec<f32> {
+    let len = rows.checked_mul(cols).expect("rows × cols fits in memory");
+    let mut buf: Vec<std::mem::MaybeUninit<f32>> = Vec::with_capacity(len);
+    // SAFETY: the capacity is `len`, and `MaybeUninit` values need no initialisation.
+    unsafe { buf.set_len(len) };
+    let per_piece = rows_per_piece.max(1);
+    if cols > 0 {
+        for_each_chunk_mut(&mut buf, per_piece * cols, 1, |c, piece| {
+            for (i, row) in piece.chunks_exact_mut(cols).enumerate() {
+                row.iter_mut().for_each(|v| {
+                    v.write(0.0);
+                });
+                // SAFETY: every element of `row` was written just above, and
+                // `MaybeUninit<f32>` has the layout of `f32`.
+                let row = unsafe { &mut *(row as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
+                fill(c * per_piece + i, row);
+            }
+        });
+    }
+    let mut buf = std::mem::ManuallyDrop::new(buf);
+    // SAFETY: every element was initialised (the pieces cover the buffer and
+    // `for_each_chunk_mut` returns only after every task finished; with `cols == 0` the buffer
+    // is empty); the pointer, length and capacity are the vector's own, of a type with the
+    // layout of `f32`, and the `ManuallyDrop` keeps it from being freed twice.
+    unsafe { Vec::from_raw_parts(buf.as_mut_ptr().cast::<f32>(), buf.len(), buf.capacity()) }
+}
+
 /// A raw pointer that tasks writing disjoint ranges may share.
 struct SendPtr<T>(*mut T);
 impl<T> Clone for SendPtr<T> {
@@ -449,6 +488,26 @@ impl<T> SendPtr<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn new_rows_fills_every_row_once_from_zero() {
+        for (rows, cols, per_piece) in [(0, 4, 1), (5, 0, 2), (1, 7, 1), (37, 9, 4), (64, 576, 7)] {
+            let calls = AtomicUsize::new(0);
+            let got = new_rows(rows, cols, per_piece, |r, row| {
+                calls.fetch_add(1, Ordering::Relaxed);
+                assert!(row.iter().all(|&v| v == 0.0), "row {r} starts zeroed");
+                for (c, v) in row.iter_mut().enumerate() {
+                    *v = (r * 1000 + c) as f32;
+                }
+            });
+            let want: Vec<f32> = (0..rows)
+                .flat_map(|r| (0..cols).map(move |c| (r * 1000 + c) as f32))
+                .collect();
+            assert_eq!(got, want, "rows {rows} cols {cols}");
+            let rows_called = if cols == 0 { 0 } else { rows };
+            assert_eq!(calls.load(Ordering::Relaxed), rows_called);
+        }
+    }
 
     #[test]
     fn every_task_runs_exactly_once() {

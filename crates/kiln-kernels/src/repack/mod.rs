@@ -292,13 +292,57 @@ pub fn matmul_repacked_many_at<const M: usize>(
     outs: [&mut [f32]; M],
     scratch: &mut QuantizedActivations,
 ) -> Result<()> {
+    check_many(ws, x, n_tokens)?;
+    for (w, out) in ws.iter().zip(&outs) {
+        check_len("matmul output", n_tokens, w.rows, out.len())?;
+    }
+    let ptrs = outs.map(|o| OutPtr(o.as_mut_ptr()));
+    run_many(level, ws, x, n_tokens, ptrs, scratch)
+}
+
+/// [`matmul_repacked_many`] into vectors it sizes: each `outs[m]` ends up `n_tokens × rows`
+/// long, its allocation reused and never zeroed first, since every element is written (a
+/// prefill's outputs are megabytes, and zeroing them is a serial pass over memory). After an
+/// error they hold no result: their old values, or nothing.
+pub fn matmul_repacked_many_into<const M: usize>(
+    ws: [&RepackedMatrix; M],
+    x: &[f32],
+    n_tokens: usize,
+    outs: [&mut Vec<f32>; M],
+    scratch: &mut QuantizedActivations,
+) -> Result<()> {
+    check_many(ws, x, n_tokens)?;
+    let mut lens = [0usize; M];
+    for (w, len) in ws.iter().zip(&mut lens) {
+        *len = n_tokens
+            .checked_mul(w.rows)
+            .ok_or(KernelError::Overflow("matmul output"))?;
+    }
+    let mut outs = outs;
+    for (out, &len) in outs.iter_mut().zip(&lens) {
+        out.clear();
+        out.reserve(len);
+    }
+    let ptrs = outs.each_mut().map(|o| OutPtr(o.as_mut_ptr()));
+    run_many(crate::cpu_level(), ws, x, n_tokens, ptrs, scratch)?;
+    for (out, len) in outs.into_iter().zip(lens) {
+        // SAFETY: the capacity is at least `len` (reserved above), and `run_many` returned
+        // normally, so `par_groups_many` wrote every element: each of the matrix's groups, for
+        // every token, copies its live rows from an initialised tile buffer.
+        unsafe { out.set_len(len) };
+    }
+    Ok(())
+}
+
+/// The checks of [`matmul_repacked_many_at`] on the weights and input: sizes, and one
+/// activation format for all the matrices.
+fn check_many<const M: usize>(ws: [&RepackedMatrix; M], x: &[f32], n_tokens: usize) -> Result<()> {
     let Some(first) = ws.first() else {
         return Ok(());
     };
     let format = ActFormat::for_weight(first.ty)?;
-    for (w, out) in ws.iter().zip(&outs) {
+    for w in ws {
         check_len("matmul input x", n_tokens, w.cols, x.len())?;
-        check_len("matmul output", n_tokens, w.rows, out.len())?;
         if ActFormat::for_weight(w.ty)? != format {
             return Err(KernelError::Unsupported {
                 op: "one dispatch for weights of different activation formats",
@@ -306,13 +350,28 @@ pub fn matmul_repacked_many_at<const M: usize>(
             });
         }
     }
+    Ok(())
+}
+
+/// Quantizes `x` once and runs every group of `ws` on the pool, into `outs[m]`, which must
+/// have room for `n_tokens × rows[m]` values (checked by the callers).
+fn run_many<const M: usize>(
+    level: CpuLevel,
+    ws: [&RepackedMatrix; M],
+    x: &[f32],
+    n_tokens: usize,
+    outs: [OutPtr; M],
+    scratch: &mut QuantizedActivations,
+) -> Result<()> {
+    let Some(first) = ws.first() else {
+        return Ok(());
+    };
     scratch.quantize_rows_into(first.ty, x, n_tokens)?;
     scratch.prepare_block_sums();
     let level = level.clamp_to_hardware();
     let acts = &*scratch;
     let rows = ws.map(|w| w.rows);
-    let ptrs = outs.map(|o| OutPtr(o.as_mut_ptr()));
-    par_groups_many(rows, n_tokens, ptrs, &|m, g, ts, buf| {
+    par_groups_many(rows, n_tokens, outs, &|m, g, ts, buf| {
         group_tile(level, ws[m], g, acts, ts, buf)
     });
     Ok(())
@@ -785,6 +844,13 @@ mod tests {
                 let refs = [&ws[0], &ws[1], &ws[2]];
                 matmul_repacked_many_at(level, refs, &x, tokens, [a, b, c], &mut scratch).unwrap();
                 assert_eq!(got, alone, "{level:?}, {tokens} tokens");
+                if level == crate::cpu_level() {
+                    // Into vectors of any length and content: sized, every element written.
+                    let mut vs = [vec![f32::NAN; 3], Vec::new(), vec![f32::NAN; 999]];
+                    matmul_repacked_many_into(refs, &x, tokens, vs.each_mut(), &mut scratch)
+                        .unwrap();
+                    assert_eq!(vs.to_vec(), alone, "into vectors, {tokens} tokens");
+                }
             }
         }
         let q4_1 = build(GgmlType::Q4_1, 16, 4);
@@ -792,6 +858,9 @@ mod tests {
         let x = vec![0.5f32; cols];
         let mut scratch = QuantizedActivations::new();
         let err = matmul_repacked_many([&ws[0], &q4_1], &x, 1, [&mut a, &mut b], &mut scratch);
+        assert!(err.is_err());
+        let mut vs = [vec![1.0f32; 40], vec![1.0f32; 16]];
+        let err = matmul_repacked_many_into([&ws[0], &q4_1], &x, 1, vs.each_mut(), &mut scratch);
         assert!(err.is_err());
     }
 }

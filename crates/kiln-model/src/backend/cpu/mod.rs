@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use kiln_kernels::arena::WeightBuf;
 use kiln_kernels::head::i16_acts::{Q16Activations, matmul_repacked_q16};
-use kiln_kernels::repack::{RepackedMatrix, matmul_repacked, matmul_repacked_many};
+use kiln_kernels::repack::{RepackedMatrix, matmul_repacked_many_into};
 use kiln_kernels::{GgmlType, QMatrix, QuantizedActivations};
 
 pub use attention::{ATTENTION_TILE, QUERY_BLOCK};
@@ -245,11 +245,15 @@ impl Backend for CpuBackend {
 
     fn rms_norm(&self, x: &HostAct, w: &Vec<f32>, eps: f32, offset: f32) -> HostAct {
         let _timer = Timer::new(&self.other_ns);
-        let mut out = x.clone();
-        par_rows(&mut out.data, x.cols, |_, row| {
+        let data = new_par_rows(x.rows, x.cols, |r, row| {
+            row.copy_from_slice(x.row(r));
             elementwise::rms_norm_in_place(row, w, eps, offset)
         });
-        out
+        HostAct {
+            data,
+            rows: x.rows,
+            cols: x.cols,
+        }
     }
 
     fn head_rms_norm(&self, x: &mut HostAct, head_dim: usize, w: &Vec<f32>, eps: f32, offset: f32) {
@@ -268,7 +272,16 @@ impl Backend for CpuBackend {
                 w.cols()
             )));
         }
-        let mut out = HostAct::zeros(x.rows, w.rows());
+        let mut out = HostAct {
+            data: Vec::new(),
+            rows: x.rows,
+            cols: w.rows(),
+        };
+        // The repacked kernel sizes its output without zeroing it (a prefill's outputs are
+        // megabytes); the others, off the hot path, take a zeroed one.
+        if !matches!(w, CpuMatrix::Repacked(_)) {
+            out.data = vec![0.0; x.rows * w.rows()];
+        }
         match w {
             CpuMatrix::F32 { data, rows, cols } => {
                 kiln_kernels::matmul_f32(data, *rows, *cols, &x.data, x.rows, &mut out.data)?;
@@ -296,7 +309,8 @@ impl Backend for CpuBackend {
             }
             CpuMatrix::Repacked(m) => {
                 let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-                matmul_repacked(m, &x.data, x.rows, &mut out.data, &mut scratch)?;
+                let data = &mut out.data;
+                matmul_repacked_many_into([m], &x.data, x.rows, [data], &mut scratch)?;
             }
             CpuMatrix::RepackedHead(m) => {
                 let mut scratch = self.head_scratch.lock().unwrap_or_else(|p| p.into_inner());
@@ -327,12 +341,16 @@ impl Backend for CpuBackend {
             return crate::backend::matmul_separately(self, x, ws);
         }
         let _timer = Timer::new(&self.matmul_ns);
-        let mut outs = ws.map(|w| HostAct::zeros(x.rows, w.rows()));
+        let mut datas = ws.map(|_| Vec::new());
         let ms = repacked.map(|m| m.expect("checked: every matrix is repacked"));
-        let bufs = outs.each_mut().map(|o| o.data.as_mut_slice());
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        matmul_repacked_many(ms, &x.data, x.rows, bufs, &mut scratch)?;
-        Ok(outs)
+        matmul_repacked_many_into(ms, &x.data, x.rows, datas.each_mut(), &mut scratch)?;
+        let mut datas = datas.into_iter();
+        Ok(ws.map(|w| HostAct {
+            data: datas.next().unwrap_or_default(),
+            rows: x.rows,
+            cols: w.rows(),
+        }))
     }
 
     fn lora_add(
@@ -422,12 +440,16 @@ impl Backend for CpuBackend {
 
     fn glu(&self, gate: &HostAct, up: &HostAct, act: Activation) -> HostAct {
         let _timer = Timer::new(&self.other_ns);
-        let mut out = gate.clone();
         let cols = gate.cols;
-        par_rows(&mut out.data, cols, |r, row| {
+        let data = new_par_rows(gate.rows, cols, |r, row| {
+            row.copy_from_slice(gate.row(r));
             elementwise::glu_in_place(row, &up.data[r * cols..(r + 1) * cols], act)
         });
-        out
+        HostAct {
+            data,
+            rows: gate.rows,
+            cols,
+        }
     }
 
     fn add_assign(&self, x: &mut HostAct, y: &HostAct) {
@@ -461,11 +483,13 @@ impl Backend for CpuBackend {
     }
 }
 
+/// Values in a buffer below which a row-wise step runs on the calling thread.
+const MIN_PARALLEL: usize = 1 << 14;
+
 /// Runs `f(row index, row)` on every `cols`-wide row of `data`; across the pool when there is
 /// enough work to pay for the dispatch (a prefill chunk), in place otherwise (a decode step).
 /// Rows are independent, so the result does not depend on the split.
 fn par_rows(data: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    const MIN_PARALLEL: usize = 1 << 14;
     if cols == 0 {
         return;
     }
@@ -481,6 +505,19 @@ fn par_rows(data: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync)
             f(c * per_piece + i, row);
         }
     });
+}
+
+/// A new `rows × cols` buffer whose row `r` is what `f(r, row)` leaves in it (the row starts
+/// zeroed), split as [`par_rows`] splits: with a prefill's rows on the pool, where each task
+/// zeroes its own rows, so no thread clears the whole buffer first.
+fn new_par_rows(rows: usize, cols: usize, f: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
+    let len = rows * cols;
+    if cols == 0 || len < MIN_PARALLEL {
+        let mut data = vec![0.0; len];
+        par_rows(&mut data, cols, f);
+        return data;
+    }
+    kiln_kernels::pool::new_rows(rows, cols, (MIN_PARALLEL / 4 / cols).max(1), f)
 }
 
 /// Charges the lifetime of the guard to a counter.
