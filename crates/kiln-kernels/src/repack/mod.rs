@@ -414,8 +414,10 @@ fn par_groups_many<const M: usize>(
     }
     let pool = crate::pool::global();
     // Prefill: small tasks, since the last one to finish is what the other threads wait for.
-    // Decode: a task's few hundred nanoseconds of work would not pay for finer splitting.
-    let split = if n_tokens > 1 { 8 } else { 4 };
+    // Decode: two tasks per thread, each a long stretch of the weight stream that the
+    // prefetchers follow; the second is what a faster thread can take over. Four were slower
+    // on a Zen 2 (Q8_0 decode at two threads −4%, docs/benchmarks.md).
+    let split = if n_tokens > 1 { 8 } else { 2 };
     let per_task = groups.div_ceil(pool.threads() * split).max(1);
     pool.run_contiguous(groups.div_ceil(per_task), &|task| {
         let g_end = ((task + 1) * per_task).min(groups);
