@@ -1,7 +1,9 @@
 // Throughput of the 256-bit instructions the AVX2 kernels lean on: eight independent chains of
 // one instruction in a loop, per cycle of a clock measured with a chain of dependent integer
 // adds (one cycle each). Says how many integer multiplies (`vpmaddubsw`, `vpmaddwd`) a core
-// issues per cycle, which bounds the quantized matmuls (docs/benchmarks.md, issue 20).
+// issues per cycle, which bounds the quantized matmuls (docs/benchmarks.md, issue 20). The last
+// line mixes three `vpmaddubsw` chains with six `vpaddw` chains, the ratio of a kernel's 16-bit
+// sums to its multiplies: whether the adds take the multiplier's pipe.
 //   gcc -O2 -mavx2 bench/mulrate.c -o /tmp/mulrate && /tmp/mulrate
 #include <immintrin.h>
 #include <stdint.h>
@@ -51,5 +53,21 @@ int main(void) {
     RATE("vpsignb", "vpsignb", __m256i, _mm256_set1_epi8(1), b);
     RATE("vmulps", "vmulps", __m256, _mm256_set1_ps(1.0f), f);
     RATE("vaddps", "vaddps", __m256, _mm256_set1_ps(1.0f), f);
+    {
+        __m256i m0 = _mm256_set1_epi8(1), m1 = m0, m2 = m0, d0 = m0, d1 = m0, d2 = m0, d3 = m0,
+                d4 = m0, d5 = m0;
+        double t0 = now();
+        for (long i = 0; i < M; i++)
+            __asm__ volatile("vpmaddubsw %9, %0, %0\n\tvpaddw %9, %3, %3\n\tvpaddw %9, %4, %4\n\t"
+                             "vpmaddubsw %9, %1, %1\n\tvpaddw %9, %5, %5\n\tvpaddw %9, %6, %6\n\t"
+                             "vpmaddubsw %9, %2, %2\n\tvpaddw %9, %7, %7\n\tvpaddw %9, %8, %8\n\t"
+                             : "+x"(m0), "+x"(m1), "+x"(m2), "+x"(d0), "+x"(d1), "+x"(d2),
+                               "+x"(d3), "+x"(d4), "+x"(d5)
+                             : "x"(b));
+        double t1 = now();
+        printf("%-11s %.2f vpmaddubsw per cycle with 2 vpaddw each\n", "mixed",
+               3.0 * M / ((t1 - t0) * ghz * 1e9));
+        sink ^= ((volatile char *)&m0)[0] ^ ((volatile char *)&d5)[0];
+    }
     return 0;
 }

@@ -1,7 +1,7 @@
 //! AVX2 forms of [`crate::attention::tile`]'s loops, with the portable loops' arithmetic to the bit (the
 //! AVX-512 forms' plan at half the width).
 //! - Scores: per key row and query head, eight running sums over the head's 8-value chunks
-//!   (multiply, then add), added up in lane order at the end. Eight key rows go at once; their
+//!   (fused multiply-adds), added up in lane order at the end. Eight key rows go at once; their
 //!   eight vectors of running sums are transposed so that the final lane-order sum runs over
 //!   all eight rows with seven adds instead of seven scalar adds per row.
 //! - Weighted sums: `out_h += w_hj · row_j`, row after row, with up to 64 outputs of a head
@@ -31,7 +31,7 @@ pub(crate) fn fits(head_dim: usize) -> bool {
 /// # Safety
 /// The CPU must support AVX2; `fits(t.head_dim)`; the caller has checked the sizes
 /// (`tile::check`).
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn scores(
     q: &[f32],
     t: Tile<'_>,
@@ -57,7 +57,7 @@ pub(crate) unsafe fn scores(
                     // or the zero row, which is longer than any head `fits` takes).
                     let (qc, kc) =
                         unsafe { (_mm256_loadu_ps(qp.add(c)), _mm256_loadu_ps(k.add(c))) };
-                    *acc = _mm256_add_ps(*acc, _mm256_mul_ps(qc, kc));
+                    *acc = _mm256_fmadd_ps(qc, kc, *acc);
                 }
             }
             let sums = _mm256_mul_ps(lane_sums(&rows), scale);
@@ -79,7 +79,7 @@ pub(crate) unsafe fn scores(
 /// Lane `r` of the result is the eight lanes of `rows[r]` added in lane order (the first lane,
 /// then each next one), as the portable loop's `iter().sum()` adds them.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 fn lane_sums(rows: &[__m256; BLOCK]) -> __m256 {
     // Pairs of rows interleaved: t[2m] = (r2m.0, r2m+1.0, r2m.1, r2m+1.1 | the same of 4..8),
     // t[2m + 1] the values 2, 3 (and 6, 7).
@@ -118,7 +118,7 @@ fn lane_sums(rows: &[__m256; BLOCK]) -> __m256 {
 /// # Safety
 /// The CPU must support AVX2; `fits(t.head_dim)`; the caller has checked the sizes
 /// (`tile::check`).
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn weighted(w: &[f32], n: usize, off: usize, t: Tile<'_>, out: &mut [f32]) {
     let hd = t.head_dim;
     for (h, out_h) in out.chunks_exact_mut(hd).enumerate() {
@@ -152,7 +152,7 @@ pub(crate) unsafe fn weighted(w: &[f32], n: usize, off: usize, t: Tile<'_>, out:
 /// # Safety
 /// As [`weighted`]; `o.len() == 8·V` and `d0 + 8·V ≤ t.head_dim`.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn weighted_pass<const V: usize>(w: &[f32], t: Tile<'_>, d0: usize, o: &mut [f32]) {
     let mut acc = [_mm256_setzero_ps(); V];
     for (v, a) in acc.iter_mut().enumerate() {
@@ -165,7 +165,7 @@ unsafe fn weighted_pass<const V: usize>(w: &[f32], t: Tile<'_>, d0: usize, o: &m
         for (v, a) in acc.iter_mut().enumerate() {
             // SAFETY: values 8v..8v + 8 of the row's 8·V from `d0`.
             let r = unsafe { _mm256_loadu_ps(row.add(8 * v)) };
-            *a = _mm256_add_ps(*a, _mm256_mul_ps(wj, r));
+            *a = _mm256_fmadd_ps(wj, r, *a);
         }
     }
     for (v, a) in acc.iter().enumerate() {

@@ -1,6 +1,6 @@
 //! AVX-512 forms of `attn_tile`'s loops, with the portable loops' arithmetic to the bit.
 //! - Scores: per key row and query head, eight running sums over the head's 8-value chunks
-//!   (multiply, then add), added up in lane order at the end. Sixteen key rows go at once: two
+//!   (fused multiply-adds), added up in lane order at the end. Sixteen key rows go at once: two
 //!   rows share a vector (one in each 256-bit half), and the eight vectors of a block are
 //!   transposed so that the final lane-order sum runs over all sixteen rows with seven adds.
 //! - Weighted sums: `out_h += w_hj · row_j`, row after row, with the heads' outputs held in
@@ -65,7 +65,7 @@ pub(crate) unsafe fn scores(
                         let hi = _mm256_loadu_pd(b.add(8 * c).cast());
                         _mm512_castpd_ps(_mm512_insertf64x4::<1>(lo, hi))
                     };
-                    acc = _mm512_add_ps(acc, _mm512_mul_ps(*qc, k));
+                    acc = _mm512_fmadd_ps(*qc, k, acc);
                 }
                 *pair = acc;
             }
@@ -152,7 +152,7 @@ unsafe fn weighted_pass<const V: usize, const H: usize>(
         for (h, a) in acc.iter_mut().enumerate() {
             let wj = _mm512_set1_ps(w[h * n + off + j]);
             for (a, r) in a.iter_mut().zip(r) {
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(wj, r));
+                *a = _mm512_fmadd_ps(wj, r, *a);
             }
         }
     }

@@ -3,14 +3,13 @@
 //! blocks, so each key or value element loaded serves several query vectors and no horizontal
 //! sum is needed. A block is every query head of a GQA group for several query rows.
 //!
-//! Every output element is one chain of fused multiply-adds: a score over `d` in order from
-//! zero, a weighted sum over positions in order onto the running output. The vector lanes run
-//! over positions (scores) or over the head dimension (weighted sums), so each lane does
-//! exactly that scalar arithmetic (`f32::mul_add`): results are bit-identical at every
-//! instruction-set level and whatever the blocking. They are not the per-row loops' bits
-//! ([`crate::attention::tile`], decode's: a separate multiply and add, scores as eight running
-//! sums), only the same to rounding; fused steps take half the instructions, which is what
-//! bounds these loops.
+//! Every output element is computed in the order of [`crate::attention::tile`]'s per-row loops,
+//! with a fused multiply-add per step: a score as eight running sums over `d mod 8` added up
+//! in order, a weighted sum sequentially over positions. The vector lanes run over positions
+//! (scores) or over the head dimension (weighted sums), so each lane does exactly that scalar
+//! arithmetic (`f32::mul_add`): results are bit-identical to the per-row loops (hence to
+//! decode: a prompt-cache hit that recomputes one token gives the cold prefill's numbers) at
+//! every instruction-set level and whatever the blocking.
 
 use crate::attention::tile::Tile;
 use crate::level::CpuLevel;
@@ -199,7 +198,8 @@ struct ScoreArgs<'a> {
 /// vectors at once, weighted-sum chunks `W` head elements wide.
 trait Kernels<const S: usize, const RS: usize, const W: usize> {
     /// `out[r][l]` = score of query `qs[r]` (a `head_dim` row) against column `j0 + l` of `kt`
-    /// (`l < S`), unscaled: one fused multiply-add per `d`, in order of `d`, from zero.
+    /// (`l < S`), unscaled, in [`crate::attention::tile`]'s order: eight running sums over
+    /// `d mod 8` by fused multiply-adds, added up in order, then the `head_dim mod 8` tail.
     fn strip(qs: [&[f32]; RS], kt: &[f32], ld: usize, j0: usize) -> [[f32; S]; RS];
     /// `out_r[d0 + l] += Σ_j ws[r][j] · row_j[d0 + l]` for `l < W`, one fused multiply-add per
     /// `j` in order of `j`, for the `RR` rows of `out` (rows of `head_dim`); every `ws[r]` has
@@ -212,12 +212,26 @@ struct Portable;
 
 impl Kernels<16, 1, 16> for Portable {
     fn strip(qs: [&[f32]; 1], kt: &[f32], ld: usize, j0: usize) -> [[f32; 16]; 1] {
-        let mut s = [0f32; 16];
-        for (d, &q) in qs[0].iter().enumerate() {
+        let q = qs[0];
+        let hd8 = q.len() / 8 * 8;
+        let mut acc = [[0f32; 16]; 8];
+        for c in (0..hd8).step_by(8) {
+            for (l, acc) in acc.iter_mut().enumerate() {
+                let k: &[f32; 16] = kt[(c + l) * ld + j0..].first_chunk().expect("S columns");
+                for (a, &kv) in acc.iter_mut().zip(k) {
+                    *a = q[c + l].mul_add(kv, *a);
+                }
+            }
+        }
+        let mut s = acc[0];
+        for part in &acc[1..] {
+            s.iter_mut().zip(part).for_each(|(s, p)| *s += p);
+        }
+        for d in hd8..q.len() {
             let k: &[f32; 16] = kt[d * ld + j0..].first_chunk().expect("S columns");
             s.iter_mut()
                 .zip(k)
-                .for_each(|(s, &k)| *s = q.mul_add(k, *s));
+                .for_each(|(s, &kv)| *s = q[d].mul_add(kv, *s));
         }
         [s]
     }
@@ -236,21 +250,22 @@ impl Kernels<16, 1, 16> for Portable {
     }
 }
 
-/// Generates a level's kernels from its intrinsics: `$L` lanes per vector, two vectors per
-/// strip or chunk, `$RS` query vectors per strip, fused multiply-adds (whose one rounding per
-/// step is the portable `mul_add`'s, so every lane computes what [`Portable`] does).
+/// Generates a level's kernels from its intrinsics: `$L` lanes per vector, score strips of one
+/// vector for `$RS` query vectors, weighted-sum chunks of two vectors, fused multiply-adds
+/// (whose one rounding per step is the portable `mul_add`'s, so every lane computes what
+/// [`Portable`] does).
 #[cfg(target_arch = "x86_64")]
 macro_rules! simd_kernels {
     ($name:ident, $feat:literal, $L:literal, $RS:literal, $zero:ident, $load:ident,
-     $store:ident, $set1:ident, $fmadd:ident) => {
+     $store:ident, $set1:ident, $add:ident, $fmadd:ident) => {
         pub(super) struct $name;
 
-        impl Kernels<{ 2 * $L }, $RS, { 2 * $L }> for $name {
-            fn strip(qs: [&[f32]; $RS], kt: &[f32], ld: usize, j0: usize) -> [[f32; 2 * $L]; $RS] {
+        impl Kernels<$L, $RS, { 2 * $L }> for $name {
+            fn strip(qs: [&[f32]; $RS], kt: &[f32], ld: usize, j0: usize) -> [[f32; $L]; $RS] {
                 let hd = qs[0].len();
                 assert!(hd > 0 && qs.iter().all(|q| q.len() == hd));
-                assert!(kt.len() >= (hd - 1) * ld + j0 + 2 * $L);
-                let mut out = [[0f32; 2 * $L]; $RS];
+                assert!(kt.len() >= (hd - 1) * ld + j0 + $L);
+                let mut out = [[0f32; $L]; $RS];
                 // SAFETY: only built by `block_scores` at a level the hardware has; every
                 // read is within the lengths asserted above.
                 unsafe { strip(qs, kt.as_ptr().add(j0), ld, &mut out) };
@@ -272,34 +287,33 @@ macro_rules! simd_kernels {
             clippy::undocumented_unsafe_blocks,
             reason = "one SAFETY comment above the loops covers every load and store in them"
         )]
-        unsafe fn strip(
-            qs: [&[f32]; $RS],
-            kt: *const f32,
-            ld: usize,
-            out: &mut [[f32; 2 * $L]; $RS],
-        ) {
+        unsafe fn strip(qs: [&[f32]; $RS], kt: *const f32, ld: usize, out: &mut [[f32; $L]; $RS]) {
             use std::arch::x86_64::*;
             let hd = qs[0].len();
-            let mut acc = [[$zero(); 2]; $RS];
-            // SAFETY (all blocks): the caller checked `kt` for `2L` columns on every row, and
+            let hd8 = hd / 8 * 8;
+            let mut acc = [[$zero(); 8]; $RS];
+            // SAFETY (all blocks): the caller checked `kt` for `L` columns on every row, and
             // `d < head_dim`, the length of every query row.
-            for d in 0..hd {
-                let (k0, k1) = unsafe {
-                    let p = kt.add(d * ld);
-                    ($load(p), $load(p.add($L)))
-                };
-                for r in 0..$RS {
-                    let x = $set1(unsafe { *qs[r].get_unchecked(d) });
-                    acc[r][0] = $fmadd(x, k0, acc[r][0]);
-                    acc[r][1] = $fmadd(x, k1, acc[r][1]);
+            for c in (0..hd8).step_by(8) {
+                for l in 0..8 {
+                    let k = unsafe { $load(kt.add((c + l) * ld)) };
+                    for r in 0..$RS {
+                        let x = $set1(unsafe { *qs[r].get_unchecked(c + l) });
+                        acc[r][l] = $fmadd(x, k, acc[r][l]);
+                    }
                 }
             }
             for r in 0..$RS {
-                // SAFETY: `out[r]` has `2L` floats.
-                unsafe {
-                    $store(out[r].as_mut_ptr(), acc[r][0]);
-                    $store(out[r].as_mut_ptr().add($L), acc[r][1]);
+                let mut s = acc[r][0];
+                for l in 1..8 {
+                    s = $add(s, acc[r][l]);
                 }
+                for d in hd8..hd {
+                    let k = unsafe { $load(kt.add(d * ld)) };
+                    s = $fmadd($set1(unsafe { *qs[r].get_unchecked(d) }), k, s);
+                }
+                // SAFETY: `out[r]` has `L` floats.
+                unsafe { $store(out[r].as_mut_ptr(), s) };
             }
         }
 
@@ -342,7 +356,7 @@ macro_rules! simd_kernels {
     };
 }
 
-/// AVX-512: strips of 32 positions × 8 query vectors (16 of the 32 registers accumulate).
+/// AVX-512: strips of 16 positions × 2 query vectors (16 of the 32 registers accumulate).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{Kernels, Tile};
@@ -350,18 +364,18 @@ mod avx512 {
         Avx512,
         "avx512f",
         16,
-        8,
+        2,
         _mm512_setzero_ps,
         _mm512_loadu_ps,
         _mm512_storeu_ps,
         _mm512_set1_ps,
+        _mm512_add_ps,
         _mm512_fmadd_ps
     );
     pub(super) use Avx512 as K;
 }
 
-/// AVX2: strips of 16 positions × 6 query vectors, 12 of the 16 registers accumulating — enough
-/// independent chains to cover the multiply-add's latency at two per cycle.
+/// AVX2: the weighted sums (the scores are `avx2_strip`'s).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{Kernels, Tile};
@@ -369,38 +383,119 @@ mod avx2 {
         Avx2,
         "avx2,fma",
         8,
-        6,
+        1,
         _mm256_setzero_ps,
         _mm256_loadu_ps,
         _mm256_storeu_ps,
         _mm256_set1_ps,
+        _mm256_add_ps,
         _mm256_fmadd_ps
     );
     pub(super) use Avx2 as K;
 }
 
+/// AVX2 score strips of 16 positions × 3 query vectors, so each key vector loaded serves three
+/// queries. The eight running sums over `d mod 8` of the reference are formed one after the
+/// other (each over its `d` in order, as the reference forms it) and added to the total as
+/// each is finished, in the reference's order: 2 registers per query and 8 positions, where
+/// holding all eight at once would take 8 and leave room for one query only.
+#[cfg(target_arch = "x86_64")]
+mod avx2_strip {
+    use super::{Kernels, Tile, avx2};
+    use std::arch::x86_64::*;
+
+    /// Query vectors per strip.
+    pub(super) const RS: usize = 3;
+
+    pub(super) struct K;
+
+    impl Kernels<16, RS, 16> for K {
+        fn strip(qs: [&[f32]; RS], kt: &[f32], ld: usize, j0: usize) -> [[f32; 16]; RS] {
+            let hd = qs[0].len();
+            assert!(hd > 0 && qs.iter().all(|q| q.len() == hd));
+            assert!(kt.len() >= (hd - 1) * ld + j0 + 16);
+            let mut out = [[0f32; 16]; RS];
+            // SAFETY: only built by `block_scores` at a level the hardware has (AVX2 or
+            // above); every read is within the lengths asserted above.
+            unsafe { strip(qs, kt.as_ptr().add(j0), ld, &mut out) };
+            out
+        }
+
+        fn chunk<const RR: usize>(ws: [&[f32]; RR], t: Tile<'_>, d0: usize, out: &mut [f32]) {
+            <avx2::K as Kernels<8, 1, 16>>::chunk(ws, t, d0, out)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(
+        clippy::undocumented_unsafe_blocks,
+        reason = "one SAFETY comment above the loops covers every load and store in them"
+    )]
+    unsafe fn strip(qs: [&[f32]; RS], kt: *const f32, ld: usize, out: &mut [[f32; 16]; RS]) {
+        let hd = qs[0].len();
+        let hd8 = hd / 8 * 8;
+        let mut total = [[_mm256_setzero_ps(); 2]; RS];
+        // SAFETY (all blocks): the caller checked `kt` for 16 columns on every row, and
+        // `d < head_dim`, the length of every query row.
+        for l in 0..8 {
+            let mut sum = [[_mm256_setzero_ps(); 2]; RS];
+            for c in (0..hd8).step_by(8) {
+                let (k0, k1) = unsafe {
+                    let p = kt.add((c + l) * ld);
+                    (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+                };
+                for r in 0..RS {
+                    let x = _mm256_set1_ps(unsafe { *qs[r].get_unchecked(c + l) });
+                    sum[r][0] = _mm256_fmadd_ps(x, k0, sum[r][0]);
+                    sum[r][1] = _mm256_fmadd_ps(x, k1, sum[r][1]);
+                }
+            }
+            for (total, sum) in total.iter_mut().zip(sum) {
+                for (t, s) in total.iter_mut().zip(sum) {
+                    *t = if l == 0 { s } else { _mm256_add_ps(*t, s) };
+                }
+            }
+        }
+        for r in 0..RS {
+            for d in hd8..hd {
+                let x = _mm256_set1_ps(unsafe { *qs[r].get_unchecked(d) });
+                let p = unsafe { kt.add(d * ld) };
+                let k = unsafe { [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))] };
+                for (t, k) in total[r].iter_mut().zip(k) {
+                    *t = _mm256_fmadd_ps(x, k, *t);
+                }
+            }
+            // SAFETY: `out[r]` has 16 floats.
+            unsafe {
+                _mm256_storeu_ps(out[r].as_mut_ptr(), total[r][0]);
+                _mm256_storeu_ps(out[r].as_mut_ptr().add(8), total[r][1]);
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn scores_avx512(a: &ScoreArgs<'_>, s: &mut [f32]) {
-    scores_body::<avx512::K, 32, 8, 32>(a, s)
+    scores_body::<avx512::K, 16, 2, 32>(a, s)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn scores_avx2(a: &ScoreArgs<'_>, s: &mut [f32]) {
-    scores_body::<avx2::K, 16, 6, 16>(a, s)
+    scores_body::<avx2_strip::K, 16, { avx2_strip::RS }, 16>(a, s)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn weighted_avx512(w: &[f32], n: usize, off: usize, t: Tile<'_>, out: &mut [f32]) {
-    weighted_body::<avx512::K, 32, 8, 32, 8>(w, n, off, t, out)
+    weighted_body::<avx512::K, 16, 2, 32, 8>(w, n, off, t, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn weighted_avx2(w: &[f32], n: usize, off: usize, t: Tile<'_>, out: &mut [f32]) {
-    weighted_body::<avx2::K, 16, 6, 16, 6>(w, n, off, t, out)
+    weighted_body::<avx2::K, 8, 1, 16, 6>(w, n, off, t, out)
 }
 
 /// Scores in strips of `S` positions × `RS` query vectors.
@@ -504,8 +599,8 @@ mod tests {
     use crate::testutil::noise;
 
     /// The shapes the tests run: (head width, query vectors, tile rows, row stride). Head widths
-    /// below, at and past a multiple of 16; query counts below, at and past each level's block
-    /// (6 at AVX2, 8 at AVX-512); tiles shorter than a strip and ragged ones.
+    /// below 8 and past a multiple of 8; query counts below, at and past each level's blocks
+    /// (3 and 6 at AVX2, 2 and 8 at AVX-512); tiles shorter than a strip and ragged ones.
     const SHAPES: [(usize, usize, usize, usize); 9] = [
         (64, 12, 64, 192),
         (64, 48, 64, 64),
@@ -518,10 +613,10 @@ mod tests {
         (40, 17, 33, 40),
     ];
 
-    /// Every level, on every shape, gives the exact bits of the plain loops: one fused
-    /// multiply-add per step, scores over `d` from zero, weighted sums over `j` onto `out`.
+    /// Every level, on every shape, gives the exact bits of the per-row loops of
+    /// `attention/tile.rs` (the decode path's).
     #[test]
-    fn every_level_gives_the_bits_of_one_fused_chain_per_output() {
+    fn every_level_is_bit_identical_to_the_per_row_loops() {
         for (hd, nq, len, stride) in SHAPES {
             let (n, off) = (len + 11, 6);
             let q = noise(nq * hd, 1);
@@ -533,25 +628,10 @@ mod tests {
                 head_dim: hd,
             };
             let weights = noise(nq * n, 3);
-            let row = |j: usize| &rows[j * stride..j * stride + hd];
             let mut want_s = vec![0f32; nq * n];
+            tile_scores(CpuLevel::Scalar, &q, tile, 0.125, &mut want_s, n, off);
             let mut want_o = noise(nq * hd, 4);
-            for i in 0..nq {
-                let qi = &q[i * hd..(i + 1) * hd];
-                for j in 0..len {
-                    let dot = qi
-                        .iter()
-                        .zip(row(j))
-                        .fold(0f32, |s, (&q, &k)| q.mul_add(k, s));
-                    want_s[i * n + off + j] = dot * 0.125;
-                }
-                for d in 0..hd {
-                    let o = &mut want_o[i * hd + d];
-                    for j in 0..len {
-                        *o = weights[i * n + off + j].mul_add(row(j)[d], *o);
-                    }
-                }
-            }
+            tile_weighted_sum(CpuLevel::Scalar, &weights, n, off, tile, &mut want_o);
             for level in supported_levels() {
                 let mut kt = Vec::new();
                 let ld = transpose_tile(level, tile, &mut kt);
@@ -565,48 +645,34 @@ mod tests {
         }
     }
 
-    /// The blocked loops agree with the per-row loops of `attention/tile.rs` (the decode
-    /// path's, which add a separate product per step in another order) to rounding.
+    /// The per-row loops' steps are fused: a score differs from the same order with a separate
+    /// multiply and add (so a mutation to unfused steps in any kernel fails the test above).
     #[test]
-    fn the_blocked_loops_agree_with_the_per_row_loops() {
-        for (hd, nq, len, stride) in SHAPES {
-            let (n, off) = (len + 3, 2);
-            let q = noise(nq * hd, 5);
-            let rows = noise((len - 1) * stride + hd, 6);
-            let tile = Tile {
-                rows: &rows,
-                stride,
-                len,
-                head_dim: hd,
-            };
-            let weights = noise(nq * n, 7);
-            for level in supported_levels() {
-                let mut want_s = vec![0f32; nq * n];
-                tile_scores(level, &q, tile, 1.0, &mut want_s, n, off);
-                let mut kt = Vec::new();
-                let ld = transpose_tile(level, tile, &mut kt);
-                let mut s = vec![0f32; nq * n];
-                block_scores(level, &q, hd, (&kt, ld, len), 1.0, &mut s, n, off);
-                // Two orders of an n-term sum differ by at most 2n·ε·Σ|terms|; the noise's
-                // terms are at most 100 in size.
-                let close = |a: &[f32], b: &[f32], terms: usize| {
-                    let bound = 2.0 * (terms * terms) as f32 * f32::EPSILON * 100.0;
-                    a.iter().zip(b).all(|(a, b)| (a - b).abs() <= bound)
-                };
-                assert!(
-                    close(&s, &want_s, hd),
-                    "scores at {level:?}, hd {hd} nq {nq}"
-                );
-                let mut want_o = vec![0f32; nq * hd];
-                tile_weighted_sum(level, &weights, n, off, tile, &mut want_o);
-                let mut o = vec![0f32; nq * hd];
-                block_weighted_sum(level, &weights, n, off, tile, &mut o);
-                assert!(
-                    close(&o, &want_o, len),
-                    "weighted at {level:?}, hd {hd} nq {nq}"
-                );
+    fn the_reference_steps_are_fused() {
+        let (hd, nq, len) = (64, 4, 32);
+        let (q, rows) = (noise(nq * hd, 9), noise(len * hd, 10));
+        let tile = Tile {
+            rows: &rows,
+            stride: hd,
+            len,
+            head_dim: hd,
+        };
+        let mut s = vec![0f32; nq * len];
+        tile_scores(CpuLevel::Scalar, &q, tile, 1.0, &mut s, len, 0);
+        let unfused = |i: usize, j: usize| {
+            let mut acc = [0f32; 8];
+            for c in (0..hd).step_by(8) {
+                for l in 0..8 {
+                    acc[l] += q[i * hd + c + l] * rows[j * hd + c + l];
+                }
             }
-        }
+            acc.iter().sum::<f32>()
+        };
+        let differ = (0..nq)
+            .flat_map(|i| (0..len).map(move |j| (i, j)))
+            .filter(|&(i, j)| s[i * len + j] != unfused(i, j))
+            .count();
+        assert!(differ > 0, "fused and unfused steps agree everywhere");
     }
 
     /// The transposed tile is the tile's values, columns past its rows zero, at every level and

@@ -1,8 +1,10 @@
 //! The f32 loops of attention over one tile of cached rows — scores, weighted sums, the
 //! softmax exponent — compiled once per instruction-set level. The arithmetic is the same at
-//! every level (eight running sums in a fixed order, no fused multiply-add), so results are
-//! bit-identical across levels; only the vector width the compiler may use changes. Without
-//! this, the loops run at the x86-64 baseline (SSE2) whatever the CPU.
+//! every level (eight running sums in a fixed order, each step one fused multiply-add, as
+//! `f32::mul_add` rounds it), so results are bit-identical across levels; only the vector
+//! width the compiler may use changes. Without this, the loops run at the x86-64 baseline
+//! (SSE2) whatever the CPU, where `mul_add` is a library call: the scalar level is a
+//! reference, not a fast path.
 
 use crate::level::CpuLevel;
 
@@ -123,19 +125,19 @@ fn check(tile: &Tile<'_>, group_len: usize, scores_len: usize, n: usize, offset:
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn scores_avx2(q: &[f32], t: Tile<'_>, scale: f32, s: &mut [f32], n: usize, off: usize) {
     scores_lanes(q, t, scale, s, n, off)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn weighted_avx2(w: &[f32], n: usize, off: usize, t: Tile<'_>, out: &mut [f32]) {
     weighted_lanes(w, n, off, t, out)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2")]
+#[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn weighted_avx512(w: &[f32], n: usize, off: usize, t: Tile<'_>, out: &mut [f32]) {
     weighted_lanes(w, n, off, t, out)
 }
@@ -170,7 +172,10 @@ fn weighted_lanes(w: &[f32], n: usize, off: usize, t: Tile<'_>, out: &mut [f32])
         let row = &t.rows[j * t.stride..j * t.stride + hd];
         for (h, out_h) in out.chunks_exact_mut(hd).enumerate() {
             let wj = w[h * n + off + j];
-            out_h.iter_mut().zip(row).for_each(|(o, &x)| *o += wj * x);
+            out_h
+                .iter_mut()
+                .zip(row)
+                .for_each(|(o, &x)| *o = wj.mul_add(x, *o));
         }
     }
 }
@@ -181,12 +186,12 @@ fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     let chunks = a.len() / 8 * 8;
     for (ca, cb) in a[..chunks].chunks_exact(8).zip(b[..chunks].chunks_exact(8)) {
         for i in 0..8 {
-            acc[i] += ca[i] * cb[i];
+            acc[i] = ca[i].mul_add(cb[i], acc[i]);
         }
     }
     let mut s: f32 = acc.iter().sum();
     for i in chunks..a.len() {
-        s += a[i] * b[i];
+        s = a[i].mul_add(b[i], s);
     }
     s
 }
