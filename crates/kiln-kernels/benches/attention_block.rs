@@ -5,7 +5,6 @@
 
 use std::time::Instant;
 
-use kiln_kernels::CpuLevel;
 use kiln_kernels::attention::block::{block_scores, block_weighted_sum, transpose_tile};
 use kiln_kernels::attention::tile::Tile;
 
@@ -75,5 +74,4 @@ fn main() {
         "| weighted sum | {t_weighted:.0} | {:.1} |",
         macs / t_weighted
     );
-    let _ = CpuLevel::Scalar;
 }
