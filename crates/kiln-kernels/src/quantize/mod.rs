@@ -141,6 +141,19 @@ pub(crate) fn quantize_q8_1_at(level: CpuLevel, x: &[f32], y: &mut [BlockQ8_1]) 
     quantize_row_q8_1(x, y)
 }
 
+/// [`quantize_row_q8_k`] at `level` (clamped to the hardware), as [`quantize_q8_0_at`].
+pub(crate) fn quantize_q8_k_at(level: CpuLevel, x: &[f32], y: &mut [BlockQ8K]) -> Result<()> {
+    check_blocks("quantize_row_q8_k input", x.len(), y.len(), QK_K)?;
+    #[cfg(target_arch = "x86_64")]
+    if level.clamp_to_hardware() >= CpuLevel::Avx2 {
+        // SAFETY: the clamped level guarantees avx2, fma and f16c.
+        unsafe { x86::q8_k(x, y) };
+        return Ok(());
+    }
+    let _ = level;
+    quantize_row_q8_k(x, y)
+}
+
 /// ggml's `nearest_int`: adding 1.5·2^23 pushes the fraction out of the mantissa, so the FPU's
 /// round-to-nearest-even does the rounding; valid for |x| < 2^22.
 #[inline(always)]
@@ -355,7 +368,9 @@ impl QuantizedActivations {
             }
             ActFormat::Q8K => {
                 self.q8k.resize(total, BlockQ8K::default());
-                par_blocks(x, &mut self.q8k[..total], QK_K, quantize_row_q8_k)?;
+                par_blocks(x, &mut self.q8k[..total], QK_K, |x, y| {
+                    quantize_q8_k_at(cpu_level(), x, y)
+                })?;
             }
         }
         self.n_rows = n_rows;

@@ -86,3 +86,60 @@ fn every_level_quantizes_like_the_reference() {
         }
     }
 }
+
+#[test]
+fn every_level_quantizes_q8_k_like_the_reference() {
+    let mut x: Vec<f32> = Vec::new();
+    let mut state = 0x0fed_cba9_8765_4321u64;
+    for i in 0..256 * 24 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let u = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+        let scale = [1e-3, 1.0, 37.0, 1e6, 1e-30, 3.0][(i / 256) % 6];
+        x.push(u * scale);
+    }
+    // Ties for the largest magnitude (the first one sets the sign), exact halves, and the
+    // values that send a block to the scalar path.
+    x[256 + 10] = 40.0;
+    x[256 + 20] = -40.0;
+    x[2 * 256 + 7] = -40.0;
+    x[2 * 256 + 9] = 40.0;
+    x[4 * 256 + 17] = 50.0;
+    x[4 * 256 + 22] = -50.0;
+    // Largest magnitude 127 makes `iscale` −1: every half below is a tie to round to even.
+    for (j, v) in x[3 * 256..4 * 256].iter_mut().enumerate() {
+        *v = (j % 11) as f32 * 0.5 - 2.5;
+    }
+    x[3 * 256 + 3] = 127.0;
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        -f32::INFINITY,
+        1e-40,
+        f32::MAX,
+        -f32::MAX,
+    ];
+    for (k, &sp) in specials.iter().enumerate() {
+        x[256 * (k + 5) + 11 * k] = sp;
+    }
+    x[256 * 12..256 * 13].fill(0.0);
+    x[256 * 13..256 * 14].fill(1e-40);
+    x[256 * 14..256 * 15].fill(-0.0);
+    let nb = x.len() / 256;
+    let bytes = |b: &crate::BlockQ8K| {
+        let mut v = b.d.to_bits().to_le_bytes().to_vec();
+        v.extend(b.qs.iter().map(|&q| q as u8));
+        v.extend(b.bsums.iter().flat_map(|s| s.to_le_bytes()));
+        v
+    };
+    let mut want = vec![crate::BlockQ8K::default(); nb];
+    super::quantize_row_q8_k(&x, &mut want).unwrap();
+    for level in crate::supported_levels() {
+        let mut got = vec![crate::BlockQ8K::default(); nb];
+        super::quantize_q8_k_at(level, &x, &mut got).unwrap();
+        for b in 0..nb {
+            assert_eq!(bytes(&got[b]), bytes(&want[b]), "Q8_K {level:?} block {b}");
+        }
+    }
+}

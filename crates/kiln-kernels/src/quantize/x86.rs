@@ -16,7 +16,7 @@
 use half::f16;
 use std::arch::x86_64::*;
 
-use crate::format::blocks::{BlockQ8_0, BlockQ8_1};
+use crate::format::blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 
 /// One block's codes, or `None` if the block needs the scalar path. Returns `(d, codes as
 /// four vectors of eight i32)`.
@@ -120,4 +120,80 @@ pub(crate) fn q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
             }
         }
     }
+}
+
+/// [`crate::quantize_row_q8_k`] for `x.len() == 256 * y.len()` (callers check). The scale
+/// comes from the first element of largest magnitude, as in the reference loop: the vector
+/// maximum finds that magnitude (NaN-free blocks only), a compare finds its first position.
+/// Blocks with a NaN, an infinite maximum or an infinite `-127 / max` take the scalar path;
+/// elsewhere every `|x · iscale|` is at most 127 and `vcvtps2dq` rounds half to even, as the
+/// reference's `nearest_int` does below 2^22.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn q8_k(x: &[f32], y: &mut [BlockQ8K]) {
+    for (xb, yb) in x.as_chunks::<256>().0.iter().zip(y.iter_mut()) {
+        if !q8_k_block(xb, yb) {
+            let _ = super::quantize_row_q8_k(xb, std::slice::from_mut(yb));
+        }
+    }
+}
+
+/// One Q8_K block; `false` (and `y` untouched) where the block needs the scalar path.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_k_block(xb: &[f32; 256], y: &mut BlockQ8K) -> bool {
+    let (chunks, _) = xb.as_chunks::<8>();
+    // SAFETY: each load reads one chunk of eight floats.
+    let load = |c: &[f32; 8]| unsafe { _mm256_loadu_ps(c.as_ptr()) };
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let mut m = _mm256_setzero_ps();
+    let mut nan = _mm256_setzero_ps();
+    for c in chunks {
+        let v = load(c);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        m = _mm256_max_ps(m, _mm256_and_ps(v, abs_mask));
+    }
+    if _mm256_movemask_ps(nan) != 0 {
+        return false;
+    }
+    let h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    let amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    if amax == 0.0 {
+        *y = BlockQ8K::default();
+        return true;
+    }
+    let at = _mm256_set1_ps(amax);
+    let first = chunks.iter().enumerate().find_map(|(i, c)| {
+        let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+            _mm256_and_ps(load(c), abs_mask),
+            at,
+        ));
+        (hit != 0).then(|| 8 * i + hit.trailing_zeros() as usize)
+    });
+    let Some(first) = first else {
+        return false;
+    };
+    let iscale = -127.0f32 / xb[first];
+    if !(amax.is_finite() && iscale.is_finite()) {
+        return false;
+    }
+    let scale = _mm256_set1_ps(iscale);
+    let top = _mm256_set1_epi32(127);
+    let q = |c: &[f32; 8]| _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(load(c), scale)), top);
+    for (out, c) in
+        y.qs.as_chunks_mut::<32>()
+            .0
+            .iter_mut()
+            .zip(chunks.as_chunks::<4>().0)
+    {
+        pack([q(&c[0]), q(&c[1]), q(&c[2]), q(&c[3])], out);
+    }
+    for (s, g) in y.bsums.iter_mut().zip(y.qs.chunks_exact(16)) {
+        *s = g.iter().map(|&q| q as i16).sum();
+    }
+    y.d = 1.0 / iscale;
+    true
 }
