@@ -140,6 +140,9 @@ pub fn matmul_repacked_q16_at(
             }
         }
     });
+    if n_tokens == 1 {
+        crate::repack::one_token_matmul_done(&[w.bytes()]);
+    }
     Ok(())
 }
 

@@ -10,7 +10,10 @@
 //! remaining tasks are skipped, and once no thread is inside the closure any more the first
 //! panic is re-raised on the caller (as `std::thread::scope` does). The pool stays usable.
 
+mod hint;
 mod task_ranges;
+
+pub(crate) use hint::Spans;
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
@@ -19,6 +22,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::pool::hint::HintSlot;
 use crate::pool::task_ranges::TaskRanges;
 
 /// How long an idle worker spins before parking.
@@ -125,6 +129,9 @@ struct Shared {
     sleepers: AtomicUsize,
     wake: Condvar,
     shutdown: AtomicBool,
+    /// Weights of the job expected next, for spinning workers to prefetch.
+    hint: HintSlot,
+    threads: usize,
 }
 
 /// A pool of `threads - 1` workers plus the caller.
@@ -145,6 +152,8 @@ impl Pool {
             sleepers: AtomicUsize::new(0),
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            hint: HintSlot::default(),
+            threads,
         });
         let workers = (1..threads)
             .map(|i| {
@@ -179,6 +188,15 @@ impl Pool {
     /// memory stream, such as a matmul's row groups.
     pub fn run_contiguous(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
         self.run_claiming(n_tasks, task, true)
+    }
+
+    /// Names the weights the next job will read (contiguous ranges, split evenly over the
+    /// threads), so that workers waiting for it can pull the start of their shares into cache.
+    /// A hint is only a hint: a wrong one costs memory traffic, never a wrong result.
+    pub(crate) fn hint_next(&self, spans: Spans) {
+        if self.threads > 1 {
+            self.shared.hint.post(spans);
+        }
     }
 
     fn run_claiming(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync), ranges: bool) {
@@ -289,6 +307,7 @@ fn worker_loop(shared: &Shared, me: usize) {
     // Generation 0 is the pool's state when the worker was spawned: a job published before this
     // thread first runs is still joined.
     let mut seen = 0;
+    let mut hint_seen = shared.hint.generation();
     loop {
         let started = Instant::now();
         let mut spins = 0u32;
@@ -300,6 +319,13 @@ fn worker_loop(shared: &Shared, me: usize) {
             if g != seen {
                 seen = g;
                 break;
+            }
+            let h = shared.hint.generation();
+            if h != hint_seen {
+                hint_seen = h;
+                let arrived = || shared.generation.load(Ordering::Relaxed) != seen;
+                shared.hint.prefetch_share(me, shared.threads, arrived);
+                continue;
             }
             spins += 1;
             if spins.is_multiple_of(YIELD_EVERY) {
@@ -506,6 +532,25 @@ mod tests {
             assert_eq!(got, want, "rows {rows} cols {cols}");
             let rows_called = if cols == 0 { 0 } else { rows };
             assert_eq!(calls.load(Ordering::Relaxed), rows_called);
+        }
+    }
+
+    #[test]
+    fn jobs_between_prefetch_hints_run_every_task_once() {
+        let pool = Pool::new(3);
+        let weights = vec![7u8; 1 << 20];
+        for round in 0..200 {
+            // A hint, then a job while the workers may still be prefetching for it.
+            let at = (round * 4096) % weights.len();
+            pool.hint_next(Spans::new([&weights[at..], &weights[..at]]));
+            let hits: Vec<AtomicUsize> = (0..9).map(|_| AtomicUsize::new(0)).collect();
+            pool.run_contiguous(9, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "round {round}"
+            );
         }
     }
 

@@ -29,6 +29,9 @@
 
 pub mod kquant;
 mod legacy;
+mod successor;
+
+pub(crate) use successor::one_token_matmul_done;
 
 pub use legacy::FifthBits;
 
@@ -187,6 +190,11 @@ impl RepackedMatrix {
         self.data.len()
     }
 
+    /// The repacked bytes, every group in order.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+
     /// Group `g`'s bytes.
     pub(crate) fn group(&self, g: usize) -> &[u8] {
         let stripe = GROUP_ROWS * self.blocks_per_row() * file_block_bytes(self.ty).unwrap_or(0);
@@ -325,6 +333,9 @@ pub fn matmul_repacked_many_into<const M: usize>(
     }
     let ptrs = outs.each_mut().map(|o| OutPtr(o.as_mut_ptr()));
     run_many(crate::cpu_level(), ws, x, n_tokens, ptrs, scratch)?;
+    if n_tokens == 1 {
+        successor::one_token_matmul_done(&ws.map(RepackedMatrix::bytes));
+    }
     for (out, len) in outs.into_iter().zip(lens) {
         // SAFETY: the capacity is at least `len` (reserved above), and `run_many` returned
         // normally, so `par_groups_many` wrote every element: each of the matrix's groups, for
