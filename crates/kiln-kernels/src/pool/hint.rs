@@ -38,6 +38,30 @@ impl Spans {
     fn total(&self) -> usize {
         self.spans[..self.n].iter().map(|s| s.1).sum()
     }
+
+    /// The address ranges of share `me` of `threads` (the `me`-th of equal parts of the
+    /// spans' bytes in order, as a decode matmul's contiguous task ranges give it), cut to its
+    /// first `budget` bytes.
+    fn share(&self, me: usize, threads: usize, budget: usize) -> Spans {
+        let per = self.total() / threads.max(1);
+        let (mut skip, mut left) = (per * me, per.min(budget));
+        let mut out = Spans::default();
+        for &(addr, len) in &self.spans[..self.n] {
+            if left == 0 {
+                break;
+            }
+            if skip >= len {
+                skip -= len;
+                continue;
+            }
+            let take = (len - skip).min(left);
+            out.spans[out.n] = (addr.wrapping_add(skip), take);
+            out.n += 1;
+            left -= take;
+            skip = 0;
+        }
+        out
+    }
 }
 
 /// A pool's hint slot.
@@ -69,26 +93,15 @@ impl HintSlot {
             // The caller is posting a newer hint: take that one on the next look.
             Err(TryLockError::WouldBlock) => return,
         };
-        let share = spans.total() / threads.max(1);
-        let (mut skip, mut left) = (share * me, share.min(BUDGET));
+        let share = spans.share(me, threads, BUDGET);
         let mut lines = 0;
-        for &(addr, len) in &spans.spans[..spans.n] {
-            if skip >= len {
-                skip -= len;
-                continue;
-            }
-            let take = (len - skip).min(left);
-            for off in (skip..skip + take).step_by(64) {
+        for &(addr, len) in &share.spans[..share.n] {
+            for off in (0..len).step_by(64) {
                 prefetch_line(addr.wrapping_add(off));
                 lines += 1;
                 if lines % CHECK_EVERY == 0 && arrived() {
                     return;
                 }
-            }
-            left -= take;
-            skip = 0;
-            if left == 0 {
-                return;
             }
         }
     }
@@ -113,20 +126,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_share_walks_only_its_part_and_stops_when_the_job_arrives() {
+    fn shares_are_equal_parts_in_order_cut_to_the_budget() {
+        let s = Spans {
+            spans: [(1000, 300), (5000, 100), (9000, 200), (0, 0)],
+            n: 3,
+        };
+        let share = |me, threads, budget| {
+            let r = s.share(me, threads, budget);
+            r.spans[..r.n].to_vec()
+        };
+        // 600 bytes in halves: the second starts 300 bytes in, at the second span.
+        assert_eq!(share(0, 2, 1000), [(1000, 300)]);
+        assert_eq!(share(1, 2, 1000), [(5000, 100), (9000, 200)]);
+        // Thirds cross span boundaries; a budget cuts a share short.
+        assert_eq!(share(1, 3, 1000), [(1200, 100), (5000, 100)]);
+        assert_eq!(share(2, 3, 150), [(9000, 150)]);
+        assert_eq!(share(1, 2, 50), [(5000, 50)]);
+        assert!(Spans::default().share(0, 2, 1000).n == 0);
+    }
+
+    #[test]
+    fn a_worker_walks_its_share_and_stops_when_the_job_arrives() {
         let a = vec![0u8; 100_000];
         let b = vec![0u8; 50_000];
         let slot = HintSlot::default();
         let before = slot.generation();
         slot.post(Spans::new([&a[..], &b[..]]));
         assert_ne!(slot.generation(), before);
-        // Every share, whole or cut short, runs without touching memory outside the spans
-        // (prefetches cannot fault, but the walk must still end).
-        for me in 0..3 {
-            slot.prefetch_share(me, 3, || false);
-            slot.prefetch_share(me, 3, || true);
-        }
-        slot.post(Spans::default());
-        slot.prefetch_share(1, 2, || false);
+        let looks = |arrived: bool| {
+            let n = std::cell::Cell::new(0);
+            slot.prefetch_share(1, 2, || {
+                n.set(n.get() + 1);
+                arrived
+            });
+            n.get()
+        };
+        // The whole budget (64 KiB: 1,024 lines) with a look every 8 lines, or one look.
+        assert_eq!(looks(false), BUDGET / 64 / CHECK_EVERY);
+        assert_eq!(looks(true), 1);
     }
 }

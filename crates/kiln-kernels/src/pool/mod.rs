@@ -131,7 +131,6 @@ struct Shared {
     shutdown: AtomicBool,
     /// Weights of the job expected next, for spinning workers to prefetch.
     hint: HintSlot,
-    threads: usize,
 }
 
 /// A pool of `threads - 1` workers plus the caller.
@@ -153,14 +152,13 @@ impl Pool {
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
             hint: HintSlot::default(),
-            threads,
         });
         let workers = (1..threads)
             .map(|i| {
                 let shared = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("kiln-worker-{i}"))
-                    .spawn(move || worker_loop(&shared, i))
+                    .spawn(move || worker_loop(&shared, i, threads))
                     .expect("spawning a kernel worker thread")
             })
             .collect();
@@ -303,7 +301,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn worker_loop(shared: &Shared, me: usize) {
+/// Worker `me` of a pool of `threads` (the caller is thread 0).
+fn worker_loop(shared: &Shared, me: usize, threads: usize) {
     // Generation 0 is the pool's state when the worker was spawned: a job published before this
     // thread first runs is still joined.
     let mut seen = 0;
@@ -324,7 +323,7 @@ fn worker_loop(shared: &Shared, me: usize) {
             if h != hint_seen {
                 hint_seen = h;
                 let arrived = || shared.generation.load(Ordering::Relaxed) != seen;
-                shared.hint.prefetch_share(me, shared.threads, arrived);
+                shared.hint.prefetch_share(me, threads, arrived);
                 continue;
             }
             spins += 1;

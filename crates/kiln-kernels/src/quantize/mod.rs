@@ -114,45 +114,38 @@ pub fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) -> Result<()> {
     Ok(())
 }
 
-/// [`quantize_row_q8_0`] at `level` (clamped to the hardware): the AVX2 quantizer from
-/// [`CpuLevel::Avx2`] up, with the same bytes.
-pub(crate) fn quantize_q8_0_at(level: CpuLevel, x: &[f32], y: &mut [BlockQ8_0]) -> Result<()> {
-    check_blocks("quantize_row_q8_0 input", x.len(), y.len(), QK)?;
-    #[cfg(target_arch = "x86_64")]
-    if level.clamp_to_hardware() >= CpuLevel::Avx2 {
-        // SAFETY: the clamped level guarantees avx2, fma and f16c.
-        unsafe { x86::q8_0(x, y) };
-        return Ok(());
-    }
-    let _ = level;
-    quantize_row_q8_0(x, y)
+/// Defines `$name(level, x, y)`: the scalar quantizer `$reference` at `level` (clamped to the
+/// hardware), run by the AVX2 quantizer `x86::$avx2` from [`CpuLevel::Avx2`] up, with the
+/// same bytes.
+macro_rules! quantize_at {
+    ($(#[$doc:meta])* $name:ident, $block:ty, $len:expr, $reference:ident, $avx2:ident) => {
+        $(#[$doc])*
+        pub(crate) fn $name(level: CpuLevel, x: &[f32], y: &mut [$block]) -> Result<()> {
+            check_blocks(concat!(stringify!($reference), " input"), x.len(), y.len(), $len)?;
+            #[cfg(target_arch = "x86_64")]
+            if level.clamp_to_hardware() >= CpuLevel::Avx2 {
+                // SAFETY: the clamped level guarantees avx2, fma and f16c.
+                unsafe { x86::$avx2(x, y) };
+                return Ok(());
+            }
+            let _ = level;
+            $reference(x, y)
+        }
+    };
 }
 
-/// [`quantize_row_q8_1`] at `level` (clamped to the hardware), as [`quantize_q8_0_at`].
-pub(crate) fn quantize_q8_1_at(level: CpuLevel, x: &[f32], y: &mut [BlockQ8_1]) -> Result<()> {
-    check_blocks("quantize_row_q8_1 input", x.len(), y.len(), QK)?;
-    #[cfg(target_arch = "x86_64")]
-    if level.clamp_to_hardware() >= CpuLevel::Avx2 {
-        // SAFETY: the clamped level guarantees avx2, fma and f16c.
-        unsafe { x86::q8_1(x, y) };
-        return Ok(());
-    }
-    let _ = level;
-    quantize_row_q8_1(x, y)
-}
-
-/// [`quantize_row_q8_k`] at `level` (clamped to the hardware), as [`quantize_q8_0_at`].
-pub(crate) fn quantize_q8_k_at(level: CpuLevel, x: &[f32], y: &mut [BlockQ8K]) -> Result<()> {
-    check_blocks("quantize_row_q8_k input", x.len(), y.len(), QK_K)?;
-    #[cfg(target_arch = "x86_64")]
-    if level.clamp_to_hardware() >= CpuLevel::Avx2 {
-        // SAFETY: the clamped level guarantees avx2, fma and f16c.
-        unsafe { x86::q8_k(x, y) };
-        return Ok(());
-    }
-    let _ = level;
-    quantize_row_q8_k(x, y)
-}
+quantize_at!(
+    /// [`quantize_row_q8_0`] at `level`, AVX2 from [`CpuLevel::Avx2`] up.
+    quantize_q8_0_at, BlockQ8_0, QK, quantize_row_q8_0, q8_0
+);
+quantize_at!(
+    /// [`quantize_row_q8_1`] at `level`, AVX2 from [`CpuLevel::Avx2`] up.
+    quantize_q8_1_at, BlockQ8_1, QK, quantize_row_q8_1, q8_1
+);
+quantize_at!(
+    /// [`quantize_row_q8_k`] at `level`, AVX2 from [`CpuLevel::Avx2`] up.
+    quantize_q8_k_at, BlockQ8K, QK_K, quantize_row_q8_k, q8_k
+);
 
 /// ggml's `nearest_int`: adding 1.5·2^23 pushes the fraction out of the mantissa, so the FPU's
 /// round-to-nearest-even does the rounding; valid for |x| < 2^22.
