@@ -10,6 +10,7 @@
 //! the mapping fails, a buffer is an ordinary heap allocation.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// Huge-page size the chunks are aligned to.
@@ -93,6 +94,15 @@ impl Drop for Chunk {
 /// from it is gone (a model unloaded), the chunk goes too, rather than keeping its pages.
 static CURRENT: Mutex<Option<(Weak<Chunk>, usize)>> = Mutex::new(None);
 
+/// Bytes of all live [`WeightBuf`]s.
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// Bytes held by every [`WeightBuf`] alive now: the weights a decoded token reads
+/// ([`crate::stream`]).
+pub fn live_weight_bytes() -> usize {
+    LIVE_BYTES.load(Ordering::Relaxed)
+}
+
 /// An owned, zero-initialised byte buffer for weights, on huge pages where the OS allows.
 pub struct WeightBuf {
     storage: Storage,
@@ -111,7 +121,7 @@ impl WeightBuf {
     /// `len` zero bytes.
     pub fn zeroed(len: usize) -> Self {
         let storage = cut(len).unwrap_or_else(|| Storage::Heap(vec![0u8; len]));
-        Self { storage }
+        Self::counted(storage)
     }
 
     /// `len` zero bytes in a mapping of their own (huge pages where the OS allows), given back
@@ -128,9 +138,13 @@ impl WeightBuf {
                 offset: 0,
                 len,
             });
-        Self {
-            storage: own.unwrap_or_else(|| Storage::Heap(vec![0u8; len])),
-        }
+        Self::counted(own.unwrap_or_else(|| Storage::Heap(vec![0u8; len])))
+    }
+
+    fn counted(storage: Storage) -> Self {
+        let buf = Self { storage };
+        LIVE_BYTES.fetch_add(buf.len(), Ordering::Relaxed);
+        buf
     }
 
     /// A copy of `bytes` followed by `extra` zero bytes.
@@ -196,6 +210,12 @@ impl DerefMut for WeightBuf {
             },
             Storage::Heap(v) => v,
         }
+    }
+}
+
+impl Drop for WeightBuf {
+    fn drop(&mut self) {
+        LIVE_BYTES.fetch_sub(self.len(), Ordering::Relaxed);
     }
 }
 

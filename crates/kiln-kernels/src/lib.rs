@@ -28,6 +28,7 @@ pub mod matmul;
 pub mod pool;
 pub mod quantize;
 pub mod repack;
+pub mod stream;
 #[cfg(test)]
 mod testutil;
 

@@ -13,6 +13,7 @@ use crate::level::CpuLevel;
 use crate::matmul::check_len;
 use crate::matmul::tile::TOKEN_TILE;
 use crate::repack::{GROUP_ROWS, RepackedMatrix};
+use std::ops::Range;
 
 /// Activations as 16-bit codes with one f32 scale per 32 values, reused between calls.
 #[derive(Debug, Default)]
@@ -104,7 +105,7 @@ pub fn matmul_repacked_q16_at(
     let level = level.clamp_to_hardware();
     let acts = &*scratch;
     let rows = w.rows();
-    crate::repack::par_groups(rows, n_tokens, out, &|g, ts, buf| {
+    let tile = |g: usize, ts: Range<usize>, buf: &mut [[f32; GROUP_ROWS]; TOKEN_TILE]| {
         #[cfg(target_arch = "x86_64")]
         if level >= CpuLevel::Avx2 {
             let blocks = w.group(g).as_chunks::<{ crate::repack::Q8_0X16_BYTES }>().0;
@@ -139,7 +140,39 @@ pub fn matmul_repacked_q16_at(
                 o[i] = q8_0_q16_reference(&row, xq, xd);
             }
         }
-    });
+    };
+    let one_token = |gs: Range<usize>, out: &mut [f32]| {
+        #[cfg(target_arch = "x86_64")]
+        if level >= CpuLevel::Avx2 {
+            let (x, d) = acts.row(0);
+            for (g, o) in gs.zip(out.chunks_mut(GROUP_ROWS)) {
+                let blocks = w.group(g).as_chunks::<{ crate::repack::Q8_0X16_BYTES }>().0;
+                let mut buf = [[0f32; GROUP_ROWS]; 1];
+                let dst = match <&mut [f32; GROUP_ROWS]>::try_from(&mut *o) {
+                    Ok(whole) => std::array::from_mut(whole),
+                    Err(_) => &mut buf,
+                };
+                // SAFETY: as in `tile`.
+                unsafe {
+                    if level >= CpuLevel::Avx512 {
+                        crate::dot::avx512::q8_0x16_q16::<1>(blocks, [x], [d], dst)
+                    } else {
+                        crate::dot::avx2::q8_0x16_q16::<1>(blocks, [x], [d], dst)
+                    }
+                };
+                if o.len() < GROUP_ROWS {
+                    o.copy_from_slice(&buf[0][..o.len()]);
+                }
+            }
+            return;
+        }
+        let mut buf = [[0f32; GROUP_ROWS]; TOKEN_TILE];
+        for (g, o) in gs.zip(out.chunks_mut(GROUP_ROWS)) {
+            tile(g, 0..1, &mut buf);
+            o.copy_from_slice(&buf[0][..o.len()]);
+        }
+    };
+    crate::repack::par_groups(rows, n_tokens, out, &tile, Some(&one_token));
     if n_tokens == 1 {
         crate::repack::one_token_matmul_done(&[w.bytes()]);
     }

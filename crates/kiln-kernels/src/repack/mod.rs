@@ -382,9 +382,15 @@ fn run_many<const M: usize>(
     let level = level.clamp_to_hardware();
     let acts = &*scratch;
     let rows = ws.map(|w| w.rows);
-    par_groups_many(rows, n_tokens, outs, &|m, g, ts, buf| {
-        group_tile(level, ws[m], g, acts, ts, buf)
-    });
+    let one_token =
+        |m: usize, gs: Range<usize>, out: &mut [f32]| one_token_groups(level, ws[m], gs, acts, out);
+    par_groups_many(
+        rows,
+        n_tokens,
+        outs,
+        &|m, g, ts, buf| group_tile(level, ws[m], g, acts, ts, buf),
+        Some(&one_token),
+    );
     Ok(())
 }
 
@@ -397,10 +403,32 @@ pub(crate) type GroupTile<'a> =
 /// `out[t * rows + r]`: groups are split across the pool, each thread taking a contiguous
 /// range of them (`Pool::run_contiguous`); inside a task, token tiles are the outer loop so
 /// the tile's activations stay in L1 while the task's weights come from L2.
-pub(crate) fn par_groups(rows: usize, n_tokens: usize, out: &mut [f32], tile: &GroupTile<'_>) {
+/// With one token, `one_token` (when given) gets whole runs of a task's groups instead.
+pub(crate) fn par_groups(
+    rows: usize,
+    n_tokens: usize,
+    out: &mut [f32],
+    tile: &GroupTile<'_>,
+    one_token: Option<&GroupRun<'_>>,
+) {
     let ptr = OutPtr(out.as_mut_ptr());
-    par_groups_many([rows], n_tokens, [ptr], &|_, g, ts, buf| tile(g, ts, buf));
+    let run = one_token.map(|run| move |_: usize, gs: Range<usize>, out: &mut [f32]| run(gs, out));
+    let run = run.as_ref().map(|r| r as &StackedRun<'_>);
+    par_groups_many(
+        [rows],
+        n_tokens,
+        [ptr],
+        &|_, g, ts, buf| tile(g, ts, buf),
+        run,
+    );
 }
+
+/// One-token callback of [`par_groups`]: the consecutive groups `gs` into `out`, their rows
+/// (from row `16·gs.start`, cut at the matrix's end).
+pub(crate) type GroupRun<'a> = dyn Fn(Range<usize>, &mut [f32]) + Sync + 'a;
+
+/// One-token callback of [`par_groups_many`]: as [`GroupRun`], for matrix `m`.
+type StackedRun<'a> = dyn Fn(usize, Range<usize>, &mut [f32]) + Sync + 'a;
 
 /// Callback of [`par_groups_many`]: as [`GroupTile`], for group `g` of matrix `m`.
 type StackedTile<'a> =
@@ -413,6 +441,7 @@ fn par_groups_many<const M: usize>(
     n_tokens: usize,
     outs: [OutPtr; M],
     tile: &StackedTile<'_>,
+    one_token: Option<&StackedRun<'_>>,
 ) {
     let mut starts = [0usize; M];
     let mut groups = 0;
@@ -432,6 +461,27 @@ fn par_groups_many<const M: usize>(
     let per_task = groups.div_ceil(pool.threads() * split).max(1);
     pool.run_contiguous(groups.div_ceil(per_task), &|task| {
         let g_end = ((task + 1) * per_task).min(groups);
+        if let (1, Some(run)) = (n_tokens, one_token) {
+            let mut stacked = task * per_task;
+            while stacked < g_end {
+                let m = starts.iter().rposition(|&s| s <= stacked).unwrap_or(0);
+                let g = stacked - starts[m];
+                let m_groups = rows[m].div_ceil(GROUP_ROWS);
+                let g1 = m_groups.min(g + g_end - stacked);
+                let r1 = rows[m].min(g1 * GROUP_ROWS);
+                // SAFETY: rows 16g..r1 of matrix m, inside `outs[m]` (one token); tasks own
+                // disjoint groups.
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        outs[m].get().add(g * GROUP_ROWS),
+                        r1 - g * GROUP_ROWS,
+                    )
+                };
+                run(m, g..g1, out);
+                stacked += g1 - g;
+            }
+            return;
+        }
         let mut buf = [[0f32; GROUP_ROWS]; TOKEN_TILE];
         for t0 in (0..n_tokens).step_by(TOKEN_TILE) {
             let t1 = (t0 + TOKEN_TILE).min(n_tokens);
@@ -563,6 +613,101 @@ macro_rules! x86_group_tile {
     }};
 }
 
+/// Calls `$kernel` (one token, `$B` bytes a block) on each group of `$gs` of `$w` with the
+/// activation arguments `$arg`, writing the group's rows into `$out`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! each_group {
+    ($kernel:path, $B:expr, ($w:expr, $gs:expr, $out:expr), $($arg:expr),*) => {
+        for (g, o) in $gs.zip($out.chunks_mut(GROUP_ROWS)) {
+            let blocks = $w.group(g).as_chunks::<{ $B }>().0;
+            let mut buf = [[0f32; GROUP_ROWS]; 1];
+            let dst = match <&mut [f32; GROUP_ROWS]>::try_from(&mut *o) {
+                Ok(whole) => std::array::from_mut(whole),
+                Err(_) => &mut buf,
+            };
+            // SAFETY: the level is clamped to the hardware, which has the kernel's features.
+            unsafe { $kernel(blocks, $($arg,)* dst) };
+            if o.len() < GROUP_ROWS {
+                o.copy_from_slice(&buf[0][..o.len()]);
+            }
+        }
+    };
+}
+
+/// The body of [`one_token_groups`] at the x86 level `$m`: the kernels of
+/// [`x86_group_tile`], one token wide.
+#[cfg(target_arch = "x86_64")]
+macro_rules! x86_one_token {
+    ($m:ident, $w:expr, $gs:expr, $acts:expr, $out:expr) => {{
+        let (w, gs, acts, out) = ($w, $gs, $acts, $out);
+        let sums = [acts.row_block_sums(0).unwrap_or(&[])];
+        let (a8, a1, ak) = (
+            [q8_0_row(acts, 0)],
+            [q8_1_row(acts, 0)],
+            [q8_k_row(acts, 0)],
+        );
+        match w.ty {
+            GgmlType::Q4_K => each_group!(
+                crate::dot::$m::q4_kx16_q8_k::<1>,
+                Q4_KX16_BYTES,
+                (w, gs, out),
+                ak
+            ),
+            // No 512-bit kernels for Q5_K, Q4_0 and the Q5_0 bit planes, as in `x86_group_tile`.
+            GgmlType::Q5_K => each_group!(
+                crate::dot::avx2::q5_kx16_q8_k::<1>,
+                Q5_KX16_BYTES,
+                (w, gs, out),
+                ak
+            ),
+            GgmlType::Q6_K => each_group!(
+                crate::dot::$m::q6_kx16_q8_k::<1>,
+                Q6_KX16_BYTES,
+                (w, gs, out),
+                ak
+            ),
+            GgmlType::Q4_0 => each_group!(
+                crate::dot::avx2::q4_0x16_q8_0::<1>,
+                Q4_0X16_BYTES,
+                (w, gs, out),
+                a8,
+                sums
+            ),
+            GgmlType::Q4_1 => each_group!(
+                crate::dot::$m::q4_1x16_q8_1::<1>,
+                Q4_1X16_BYTES,
+                (w, gs, out),
+                a1,
+                sums
+            ),
+            GgmlType::Q8_0 => each_group!(
+                crate::dot::$m::q8_0x16_q8_0::<1>,
+                Q8_0X16_BYTES,
+                (w, gs, out),
+                a8,
+                sums
+            ),
+            GgmlType::Q5_0 if w.fifth_bits == FifthBits::Planes => {
+                each_group!(
+                    crate::dot::avx2::q5_0p16_q8_0::<1>,
+                    Q5_0X16_BYTES,
+                    (w, gs, out),
+                    a8,
+                    sums
+                )
+            }
+            GgmlType::Q5_0 => each_group!(
+                crate::dot::$m::q5_0x16_q8_0::<1>,
+                Q5_0X16_BYTES,
+                (w, gs, out),
+                a8,
+                sums
+            ),
+            _ => {}
+        }
+    }};
+}
+
 /// One group against the tokens `ts` (at most [`TOKEN_TILE`]): `buf[k][i]` = row
 /// `16g + i`, token `ts.start + k`.
 fn group_tile(
@@ -594,6 +739,33 @@ fn group_tile(
                 (_, None) => 0.0,
             };
         }
+    }
+}
+
+/// One token against the consecutive groups `gs` of `w`, into `out` (the rows of those
+/// groups, from row `16·gs.start`, cut at the matrix's end): the level and format are matched
+/// once for the run, then the kernel is called group after group. Decode's groups are a few
+/// kilobytes each, and a match and slice setup per group cost ~4% of the stream.
+fn one_token_groups(
+    level: CpuLevel,
+    w: &RepackedMatrix,
+    gs: Range<usize>,
+    acts: &QuantizedActivations,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if level >= CpuLevel::Avx2 {
+        if level >= CpuLevel::Avx512 {
+            x86_one_token!(avx512, w, gs, acts, out);
+        } else {
+            x86_one_token!(avx2, w, gs, acts, out);
+        }
+        return;
+    }
+    let mut buf = [[0f32; GROUP_ROWS]; TOKEN_TILE];
+    for (g, o) in gs.zip(out.chunks_mut(GROUP_ROWS)) {
+        group_tile(level, w, g, acts, 0..1, &mut buf);
+        o.copy_from_slice(&buf[0][..o.len()]);
     }
 }
 

@@ -27,12 +27,14 @@ pub fn q8_0x16_q16<const N: usize>(
     let nb = d.iter().fold(nb, |n, r| n.min(r.len()));
     let flip = _mm256_set1_epi8(0x80u8 as i8);
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
+    let stream = super::repack::streamed(N);
     for (b, g) in w[..nb].iter().enumerate() {
         let base = g.as_ptr();
         if N == 1 {
             super::repack::prefetch(
                 base.wrapping_add(super::repack::Q8_0_PREFETCH_AHEAD),
                 Q8_0X16_BYTES,
+                stream,
             );
         }
         // Each token's 32 activations of this block, sliced (and bounds-checked) once.

@@ -37,10 +37,11 @@ pub fn q4_1x16_q8_1<const N: usize>(
     let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
+    let stream = streamed(N);
     for (b, g) in w[..nb].iter().enumerate() {
         let base = g.as_ptr();
         if N == 1 {
-            prefetch(base.wrapping_add(PREFETCH_AHEAD), Q4_1X16_BYTES);
+            prefetch(base.wrapping_add(PREFETCH_AHEAD), Q4_1X16_BYTES, stream);
         }
         for h in 0..2 {
             // SAFETY: scales at 0..32, minimums at 32..64 and the four code vectors at
@@ -84,10 +85,15 @@ pub fn q8_0x16_q8_0<const N: usize>(
     let flip = _mm256_set1_epi8(0x80u8 as i8);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
+    let stream = streamed(N);
     for (b, g) in w[..nb].iter().enumerate() {
         let base = g.as_ptr();
         if N == 1 {
-            prefetch(base.wrapping_add(Q8_0_PREFETCH_AHEAD), Q8_0X16_BYTES);
+            prefetch(
+                base.wrapping_add(Q8_0_PREFETCH_AHEAD),
+                Q8_0X16_BYTES,
+                stream,
+            );
         }
         for h in 0..2 {
             // SAFETY: scales at 0..32 and eight 64-byte code vectors at 32..544 of the
@@ -230,10 +236,11 @@ fn offset_codes_x16<const B: usize, const N: usize>(
     let ones = _mm256_set1_epi16(1);
     let off = _mm256_set1_ps(offset as f32);
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
+    let stream = streamed(N);
     for (b, g) in w[..nb].iter().enumerate() {
         let base = g.as_ptr();
         if N == 1 {
-            prefetch(base.wrapping_add(PREFETCH_AHEAD), B);
+            prefetch(base.wrapping_add(PREFETCH_AHEAD), B, stream);
         }
         for h in 0..2 {
             // SAFETY: the 16 f16 scales are the first 32 bytes of every group block (B ≥ 32).
@@ -322,11 +329,24 @@ pub(super) const PREFETCH_AHEAD: usize = 1536;
 pub(super) const Q8_0_PREFETCH_AHEAD: usize = 3072;
 
 /// Asks for the cache lines of `bytes` from `at` (an address past the matrix is harmless: a
-/// prefetch never faults).
+/// prefetch never faults): into L1 alone when the weights are `streamed` past the caches
+/// ([`crate::stream`]), else into every level.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn prefetch(at: *const u8, bytes: usize) {
+pub(super) fn prefetch(at: *const u8, bytes: usize, streamed: bool) {
     for line in 0..bytes.div_ceil(64) {
-        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line).cast());
+        let p = at.wrapping_add(64 * line).cast();
+        if streamed {
+            _mm_prefetch::<_MM_HINT_NTA>(p);
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(p);
+        }
     }
+}
+
+/// Whether a call with `n` tokens streams its weights: only one-token calls do (several
+/// tokens reuse each weight across token tiles, from L2).
+#[inline]
+pub(super) fn streamed(n: usize) -> bool {
+    n == 1 && crate::stream::weights_exceed_cache()
 }

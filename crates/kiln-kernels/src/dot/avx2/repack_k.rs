@@ -64,6 +64,7 @@ fn k4_x16<const B: usize, const N: usize, const FIFTH: bool>(
     let sixteen = _mm256_set1_epi8(16);
     let low6 = _mm256_set1_epi32(63);
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
+    let stream = super::repack::streamed(N);
     let mut isum = [[_mm256_setzero_si256(); 2]; N];
     debug_assert!(B >= Q4_K_CODES_AT + 8 * piece_bytes);
     for i in 0..nb * 8 {
@@ -77,7 +78,7 @@ fn k4_x16<const B: usize, const N: usize, const FIFTH: bool>(
                     _mm256_cvtepu8_epi32(_mm_loadl_epi64(base.add(64 + 16 * p + 8 * h).cast()));
                 let piece = base.add(Q4_K_CODES_AT + piece_bytes * p);
                 if h == 0 {
-                    prefetch(piece.wrapping_add(K_PREFETCH_AHEAD), piece_bytes);
+                    prefetch(piece.wrapping_add(K_PREFETCH_AHEAD), piece_bytes, stream);
                 }
                 let mut v = nibble_codes(piece.add(32 * h), m4);
                 if FIFTH {
@@ -199,6 +200,7 @@ pub fn q6_kx16_q8_k<const N: usize>(
     let nb = a.iter().fold(w.len(), |n, r| n.min(r.len()));
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
+    let stream = super::repack::streamed(N);
     let mut isum = [[_mm256_setzero_si256(); 2]; N];
     for i in 0..nb * 8 {
         let (b, p) = (i / 8, i % 8);
@@ -213,7 +215,11 @@ pub fn q6_kx16_q8_k<const N: usize>(
                 };
                 let piece = base.add(Q6_K_CODES_AT + Q6_K_PIECE_BYTES * p);
                 if h == 0 {
-                    prefetch(piece.wrapping_add(K_PREFETCH_AHEAD), Q6_K_PIECE_BYTES);
+                    prefetch(
+                        piece.wrapping_add(K_PREFETCH_AHEAD),
+                        Q6_K_PIECE_BYTES,
+                        stream,
+                    );
                 }
                 (sc(2 * p), sc(2 * p + 1), q6_k_codes(piece, h, m4))
             };
