@@ -12,7 +12,7 @@ use crate::format::types::GgmlType;
 use crate::level::CpuLevel;
 use crate::matmul::check_len;
 use crate::matmul::tile::TOKEN_TILE;
-use crate::repack::{GROUP_ROWS, RepackedMatrix};
+use crate::repack::{GROUP_ROWS, GroupOut, RepackedMatrix};
 use std::ops::Range;
 
 /// Activations as 16-bit codes with one f32 scale per 32 values, reused between calls.
@@ -105,26 +105,30 @@ pub fn matmul_repacked_q16_at(
     let level = level.clamp_to_hardware();
     let acts = &*scratch;
     let rows = w.rows();
-    let tile = |g: usize, ts: Range<usize>, buf: &mut [[f32; GROUP_ROWS]; TOKEN_TILE]| {
+    // SAFETY (every `store` below): `par_groups` gives each call groups no other call has.
+    let run = |gs: Range<usize>, ts: Range<usize>, out: GroupOut| {
         #[cfg(target_arch = "x86_64")]
         if level >= CpuLevel::Avx2 {
-            let blocks = w.group(g).as_chunks::<{ crate::repack::Q8_0X16_BYTES }>().0;
             macro_rules! arms {
                 ($($n:literal)*) => {
                     match ts.len() {
                         $($n => {
                             let x: [&[i16]; $n] = std::array::from_fn(|k| acts.row(ts.start + k).0);
                             let d: [&[f32]; $n] = std::array::from_fn(|k| acts.row(ts.start + k).1);
-                            let out = buf.first_chunk_mut::<$n>().expect("tile <= TOKEN_TILE");
-                            // SAFETY: the level is clamped to the hardware, which has this
-                            // level's features.
-                            unsafe {
-                                if level >= CpuLevel::Avx512 {
-                                    crate::dot::avx512::q8_0x16_q16::<$n>(blocks, x, d, out)
-                                } else {
-                                    crate::dot::avx2::q8_0x16_q16::<$n>(blocks, x, d, out)
-                                }
-                            };
+                            let mut buf = [[0f32; GROUP_ROWS]; $n];
+                            for g in gs {
+                                let blocks = w.group(g).as_chunks::<{ crate::repack::Q8_0X16_BYTES }>().0;
+                                // SAFETY: the level is clamped to the hardware, which has this
+                                // level's features; `store` as said above.
+                                unsafe {
+                                    if level >= CpuLevel::Avx512 {
+                                        crate::dot::avx512::q8_0x16_q16::<$n>(blocks, x, d, &mut buf)
+                                    } else {
+                                        crate::dot::avx2::q8_0x16_q16::<$n>(blocks, x, d, &mut buf)
+                                    }
+                                    out.store(g, ts.clone(), &buf);
+                                };
+                            }
                         })*
                         _ => {}
                     }
@@ -133,46 +137,20 @@ pub fn matmul_repacked_q16_at(
             arms!(1 2 3 4 5 6 7 8);
             return;
         }
-        for i in 0..GROUP_ROWS.min(rows - g * GROUP_ROWS) {
-            let row = w.file_row(g * GROUP_ROWS + i);
-            for (o, t) in buf.iter_mut().zip(ts.clone()) {
-                let (xq, xd) = acts.row(t);
-                o[i] = q8_0_q16_reference(&row, xq, xd);
-            }
-        }
-    };
-    let one_token = |gs: Range<usize>, out: &mut [f32]| {
-        #[cfg(target_arch = "x86_64")]
-        if level >= CpuLevel::Avx2 {
-            let (x, d) = acts.row(0);
-            for (g, o) in gs.zip(out.chunks_mut(GROUP_ROWS)) {
-                let blocks = w.group(g).as_chunks::<{ crate::repack::Q8_0X16_BYTES }>().0;
-                let mut buf = [[0f32; GROUP_ROWS]; 1];
-                let dst = match <&mut [f32; GROUP_ROWS]>::try_from(&mut *o) {
-                    Ok(whole) => std::array::from_mut(whole),
-                    Err(_) => &mut buf,
-                };
-                // SAFETY: as in `tile`.
-                unsafe {
-                    if level >= CpuLevel::Avx512 {
-                        crate::dot::avx512::q8_0x16_q16::<1>(blocks, [x], [d], dst)
-                    } else {
-                        crate::dot::avx2::q8_0x16_q16::<1>(blocks, [x], [d], dst)
-                    }
-                };
-                if o.len() < GROUP_ROWS {
-                    o.copy_from_slice(&buf[0][..o.len()]);
+        let mut buf = [[0f32; GROUP_ROWS]; TOKEN_TILE];
+        for g in gs {
+            for i in 0..GROUP_ROWS.min(rows - g * GROUP_ROWS) {
+                let row = w.file_row(g * GROUP_ROWS + i);
+                for (o, t) in buf.iter_mut().zip(ts.clone()) {
+                    let (xq, xd) = acts.row(t);
+                    o[i] = q8_0_q16_reference(&row, xq, xd);
                 }
             }
-            return;
-        }
-        let mut buf = [[0f32; GROUP_ROWS]; TOKEN_TILE];
-        for (g, o) in gs.zip(out.chunks_mut(GROUP_ROWS)) {
-            tile(g, 0..1, &mut buf);
-            o.copy_from_slice(&buf[0][..o.len()]);
+            // SAFETY: as said above.
+            unsafe { out.store(g, ts.clone(), &buf) };
         }
     };
-    crate::repack::par_groups(rows, n_tokens, out, &tile, Some(&one_token));
+    crate::repack::par_groups(rows, n_tokens, out, &run);
     if n_tokens == 1 {
         crate::repack::one_token_matmul_done(&[w.bytes()]);
     }

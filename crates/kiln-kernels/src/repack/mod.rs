@@ -382,57 +382,32 @@ fn run_many<const M: usize>(
     let level = level.clamp_to_hardware();
     let acts = &*scratch;
     let rows = ws.map(|w| w.rows);
-    let one_token =
-        |m: usize, gs: Range<usize>, out: &mut [f32]| one_token_groups(level, ws[m], gs, acts, out);
-    par_groups_many(
-        rows,
-        n_tokens,
-        outs,
-        &|m, g, ts, buf| group_tile(level, ws[m], g, acts, ts, buf),
-        Some(&one_token),
-    );
+    par_groups_many(rows, n_tokens, outs, &|m, gs, ts, out| {
+        // SAFETY: `par_groups_many` gives each call groups no other call has, of matrix `m`,
+        // whose output `out` is.
+        unsafe { tile_groups(level, ws[m], gs, acts, ts, out) }
+    });
     Ok(())
 }
 
-/// Callback of [`par_groups`]: group `g` against the tokens `ts` into `buf[k][i]` (row
-/// `16g + i`, token `ts.start + k`).
-pub(crate) type GroupTile<'a> =
-    dyn Fn(usize, Range<usize>, &mut [[f32; GROUP_ROWS]; TOKEN_TILE]) + Sync + 'a;
+/// Callback of [`par_groups`]: the consecutive groups `gs` against the tokens `ts` (at most
+/// [`TOKEN_TILE`]), results stored through `out` ([`GroupOut::store`]).
+pub(crate) type GroupRun<'a> = dyn Fn(Range<usize>, Range<usize>, GroupOut) + Sync + 'a;
 
-/// Runs `tile` for every group of `rows` rows and every token tile, writing
+/// Runs `run` over every group of `rows` rows and every token tile, writing
 /// `out[t * rows + r]`: groups are split across the pool, each thread taking a contiguous
 /// range of them (`Pool::run_contiguous`); inside a task, token tiles are the outer loop so
-/// the tile's activations stay in L1 while the task's weights come from L2.
-/// With one token, `one_token` (when given) gets whole runs of a task's groups instead.
-pub(crate) fn par_groups(
-    rows: usize,
-    n_tokens: usize,
-    out: &mut [f32],
-    tile: &GroupTile<'_>,
-    one_token: Option<&GroupRun<'_>>,
-) {
+/// the tile's activations stay in L1 while the task's weights come from L2, and each call
+/// gets a task's whole run of groups, so the kernel is chosen once per run, not per 16-row
+/// group (a group of a decoded token is a few kilobytes, and choosing per group cost ~4% of
+/// the stream).
+pub(crate) fn par_groups(rows: usize, n_tokens: usize, out: &mut [f32], run: &GroupRun<'_>) {
     let ptr = OutPtr(out.as_mut_ptr());
-    let run = one_token.map(|run| move |_: usize, gs: Range<usize>, out: &mut [f32]| run(gs, out));
-    let run = run.as_ref().map(|r| r as &StackedRun<'_>);
-    par_groups_many(
-        [rows],
-        n_tokens,
-        [ptr],
-        &|_, g, ts, buf| tile(g, ts, buf),
-        run,
-    );
+    par_groups_many([rows], n_tokens, [ptr], &|_, gs, ts, out| run(gs, ts, out));
 }
 
-/// One-token callback of [`par_groups`]: the consecutive groups `gs` into `out`, their rows
-/// (from row `16·gs.start`, cut at the matrix's end).
-pub(crate) type GroupRun<'a> = dyn Fn(Range<usize>, &mut [f32]) + Sync + 'a;
-
-/// One-token callback of [`par_groups_many`]: as [`GroupRun`], for matrix `m`.
-type StackedRun<'a> = dyn Fn(usize, Range<usize>, &mut [f32]) + Sync + 'a;
-
-/// Callback of [`par_groups_many`]: as [`GroupTile`], for group `g` of matrix `m`.
-type StackedTile<'a> =
-    dyn Fn(usize, usize, Range<usize>, &mut [[f32; GROUP_ROWS]; TOKEN_TILE]) + Sync + 'a;
+/// Callback of [`par_groups_many`]: as [`GroupRun`], for matrix `m`.
+type StackedRun<'a> = dyn Fn(usize, Range<usize>, Range<usize>, GroupOut) + Sync + 'a;
 
 /// [`par_groups`] over the groups of `M` matrices at once, as if stacked: the callback also
 /// gets the matrix `m`, whose results go to `outs[m]` (`rows[m]` per token).
@@ -440,8 +415,7 @@ fn par_groups_many<const M: usize>(
     rows: [usize; M],
     n_tokens: usize,
     outs: [OutPtr; M],
-    tile: &StackedTile<'_>,
-    one_token: Option<&StackedRun<'_>>,
+    run: &StackedRun<'_>,
 ) {
     let mut starts = [0usize; M];
     let mut groups = 0;
@@ -461,54 +435,62 @@ fn par_groups_many<const M: usize>(
     let per_task = groups.div_ceil(pool.threads() * split).max(1);
     pool.run_contiguous(groups.div_ceil(per_task), &|task| {
         let g_end = ((task + 1) * per_task).min(groups);
-        if let (1, Some(run)) = (n_tokens, one_token) {
+        for t0 in (0..n_tokens).step_by(TOKEN_TILE) {
+            let ts = t0..(t0 + TOKEN_TILE).min(n_tokens);
             let mut stacked = task * per_task;
             while stacked < g_end {
-                let m = starts.iter().rposition(|&s| s <= stacked).unwrap_or(0);
-                let g = stacked - starts[m];
-                let m_groups = rows[m].div_ceil(GROUP_ROWS);
-                let g1 = m_groups.min(g + g_end - stacked);
-                let r1 = rows[m].min(g1 * GROUP_ROWS);
-                // SAFETY: rows 16g..r1 of matrix m, inside `outs[m]` (one token); tasks own
-                // disjoint groups.
-                let out = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        outs[m].get().add(g * GROUP_ROWS),
-                        r1 - g * GROUP_ROWS,
-                    )
-                };
-                run(m, g..g1, out);
-                stacked += g1 - g;
-            }
-            return;
-        }
-        let mut buf = [[0f32; GROUP_ROWS]; TOKEN_TILE];
-        for t0 in (0..n_tokens).step_by(TOKEN_TILE) {
-            let t1 = (t0 + TOKEN_TILE).min(n_tokens);
-            for stacked in task * per_task..g_end {
                 // The last matrix starting at or before this group (empty ones start where
-                // the next does, so they are never chosen).
+                // the next does, so they are never chosen), and its groups up to the task's
+                // end.
                 let m = starts.iter().rposition(|&s| s <= stacked).unwrap_or(0);
                 let g = stacked - starts[m];
-                let live = GROUP_ROWS.min(rows[m] - g * GROUP_ROWS);
-                tile(m, g, t0..t1, &mut buf);
-                for (k, vals) in buf[..t1 - t0].iter().enumerate() {
-                    // SAFETY: t0 + k < n_tokens and g·16 + live ≤ rows[m]: inside `outs[m]`;
-                    // tasks own disjoint groups, so no two write the same elements.
-                    unsafe {
-                        let dst = outs[m].get().add((t0 + k) * rows[m] + g * GROUP_ROWS);
-                        // A whole group is one fixed-size store; a variable-length copy is a
-                        // `memmove` call, ~3% of a decoded token.
-                        if live == GROUP_ROWS {
-                            dst.cast::<[f32; GROUP_ROWS]>().write_unaligned(*vals);
-                        } else {
-                            std::ptr::copy_nonoverlapping(vals.as_ptr(), dst, live);
-                        }
-                    }
-                }
+                let g1 = rows[m].div_ceil(GROUP_ROWS).min(g + g_end - stacked);
+                let out = GroupOut {
+                    ptr: outs[m],
+                    rows: rows[m],
+                    tokens: n_tokens,
+                };
+                run(m, g..g1, ts.clone(), out);
+                stacked += g1 - g;
             }
         }
     });
+}
+
+/// Where a matrix's results go: `tokens × rows` values, token-major.
+#[derive(Clone, Copy)]
+pub(crate) struct GroupOut {
+    ptr: OutPtr,
+    rows: usize,
+    tokens: usize,
+}
+
+impl GroupOut {
+    /// Stores group `g`'s results for the tokens `ts`: `buf[k][i]` is row `16g + i` of token
+    /// `ts.start + k` (rows past the matrix's end are dropped).
+    ///
+    /// # Safety
+    /// No other thread may be writing or reading group `g` of these tokens, and the output
+    /// must still be alive (both hold inside a [`par_groups`] callback for its own groups).
+    pub(crate) unsafe fn store(self, g: usize, ts: Range<usize>, buf: &[[f32; GROUP_ROWS]]) {
+        let first = g * GROUP_ROWS;
+        assert!(first < self.rows && ts.end <= self.tokens && buf.len() >= ts.len());
+        let live = GROUP_ROWS.min(self.rows - first);
+        for (k, vals) in buf[..ts.len()].iter().enumerate() {
+            // SAFETY: token ts.start + k < tokens and rows first..first + live ≤ rows, inside
+            // the output (checked above); the caller guarantees no one else touches them.
+            unsafe {
+                let dst = self.ptr.get().add((ts.start + k) * self.rows + first);
+                // A whole group is one fixed-size store; a variable-length copy is a
+                // `memmove` call, ~3% of a decoded token.
+                if live == GROUP_ROWS {
+                    dst.cast::<[f32; GROUP_ROWS]>().write_unaligned(*vals);
+                } else {
+                    std::ptr::copy_nonoverlapping(vals.as_ptr(), dst, live);
+                }
+            }
+        }
+    }
 }
 
 /// Output pointer shared by tasks that write disjoint rows.
@@ -546,23 +528,29 @@ fn q8_0_row(acts: &QuantizedActivations, t: usize) -> &[BlockQ8_0] {
 }
 
 /// One arm per tile width of a 32-value kernel of `crate::dot::$m` (the same names and
-/// signatures at AVX2 and AVX-512).
+/// signatures at AVX2 and AVX-512): the tile's activation rows gathered once, then the kernel
+/// on each group of the run.
 #[cfg(target_arch = "x86_64")]
 macro_rules! arms {
-    ($m:ident, $kernel:ident, $rows:ident, $B:expr, ($group:expr, $acts:expr, $ts:expr, $buf:expr); $($n:literal)*) => {
+    ($m:ident, $kernel:ident, $rows:ident, $B:expr, ($w:expr, $gs:expr, $acts:expr, $ts:expr, $out:expr); $($n:literal)*) => {
         {
-            let (ts, buf) = ($ts, $buf);
+            let (w, gs, acts, ts, out) = ($w, $gs, $acts, $ts, $out);
             match ts.len() {
                 $($n => {
-                    let rows: [_; $n] = std::array::from_fn(|k| $rows($acts, ts.start + k));
+                    let rows: [_; $n] = std::array::from_fn(|k| $rows(acts, ts.start + k));
                     let sums: [&[f32]; $n] = std::array::from_fn(|k| {
-                        $acts.row_block_sums(ts.start + k).unwrap_or(&[])
+                        acts.row_block_sums(ts.start + k).unwrap_or(&[])
                     });
-                    let out = buf.first_chunk_mut::<$n>().expect("tile <= TOKEN_TILE");
-                    let blocks = $group.as_chunks::<{ $B }>().0;
-                    // SAFETY: the level is clamped to the hardware, which has the features of
-                    // level `$m`.
-                    unsafe { crate::dot::$m::$kernel::<$n>(blocks, rows, sums, out) };
+                    let mut buf = [[0f32; GROUP_ROWS]; $n];
+                    for g in gs {
+                        let blocks = w.group(g).as_chunks::<{ $B }>().0;
+                        // SAFETY: the level is clamped to the hardware, which has the features
+                        // of level `$m`; `store` as the caller of `tile_groups` promises.
+                        unsafe {
+                            crate::dot::$m::$kernel::<$n>(blocks, rows, sums, &mut buf);
+                            out.store(g, ts.clone(), &buf);
+                        }
+                    }
                 })*
                 _ => {}
             }
@@ -573,16 +561,21 @@ macro_rules! arms {
 /// As [`arms`] for the K-quant kernels, which take the minimums' sums from the Q8_K blocks.
 #[cfg(target_arch = "x86_64")]
 macro_rules! k_arms {
-    ($m:ident, $kernel:ident, $B:expr, ($group:expr, $acts:expr, $ts:expr, $buf:expr); $($n:literal)*) => {
+    ($m:ident, $kernel:ident, $B:expr, ($w:expr, $gs:expr, $acts:expr, $ts:expr, $out:expr); $($n:literal)*) => {
         {
-            let (ts, buf) = ($ts, $buf);
+            let (w, gs, acts, ts, out) = ($w, $gs, $acts, $ts, $out);
             match ts.len() {
                 $($n => {
-                    let rows: [_; $n] = std::array::from_fn(|k| q8_k_row($acts, ts.start + k));
-                    let out = buf.first_chunk_mut::<$n>().expect("tile <= TOKEN_TILE");
-                    let blocks = $group.as_chunks::<{ $B }>().0;
-                    // SAFETY: as for `arms`.
-                    unsafe { crate::dot::$m::$kernel::<$n>(blocks, rows, out) };
+                    let rows: [_; $n] = std::array::from_fn(|k| q8_k_row(acts, ts.start + k));
+                    let mut buf = [[0f32; GROUP_ROWS]; $n];
+                    for g in gs {
+                        let blocks = w.group(g).as_chunks::<{ $B }>().0;
+                        // SAFETY: as for `arms`.
+                        unsafe {
+                            crate::dot::$m::$kernel::<$n>(blocks, rows, &mut buf);
+                            out.store(g, ts.clone(), &buf);
+                        }
+                    }
                 })*
                 _ => {}
             }
@@ -590,143 +583,67 @@ macro_rules! k_arms {
     };
 }
 
-/// The body of [`group_tile`] at the x86 level `$m` (`avx2` or `avx512`).
+/// The body of [`tile_groups`] at the x86 level `$m` (`avx2` or `avx512`).
 #[cfg(target_arch = "x86_64")]
-macro_rules! x86_group_tile {
-    ($m:ident, $w:expr, $g:expr, $acts:expr, $ts:expr, $buf:expr) => {{
-        let (w, acts, ts, buf) = ($w, $acts, $ts, $buf);
-        let group = w.group($g);
+macro_rules! x86_tile_groups {
+    ($m:ident, $w:expr, $gs:expr, $acts:expr, $ts:expr, $out:expr) => {{
+        let (w, gs, acts, ts, out) = ($w, $gs, $acts, $ts, $out);
         match w.ty {
-            GgmlType::Q4_K => k_arms!($m, q4_kx16_q8_k, Q4_KX16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
+            GgmlType::Q4_K => k_arms!($m, q4_kx16_q8_k, Q4_KX16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
             // No 512-bit kernel: the AVX2 one runs at both levels.
-            GgmlType::Q5_K => k_arms!(avx2, q5_kx16_q8_k, Q5_KX16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
-            GgmlType::Q6_K => k_arms!($m, q6_kx16_q8_k, Q6_KX16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
+            GgmlType::Q5_K => k_arms!(avx2, q5_kx16_q8_k, Q5_KX16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
+            GgmlType::Q6_K => k_arms!($m, q6_kx16_q8_k, Q6_KX16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
             // No 512-bit kernel: the AVX2 one runs at both levels.
-            GgmlType::Q4_0 => arms!(avx2, q4_0x16_q8_0, q8_0_row, Q4_0X16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
-            GgmlType::Q4_1 => arms!($m, q4_1x16_q8_1, q8_1_row, Q4_1X16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
-            GgmlType::Q8_0 => arms!($m, q8_0x16_q8_0, q8_0_row, Q8_0X16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
+            GgmlType::Q4_0 => arms!(avx2, q4_0x16_q8_0, q8_0_row, Q4_0X16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
+            GgmlType::Q4_1 => arms!($m, q4_1x16_q8_1, q8_1_row, Q4_1X16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
+            GgmlType::Q8_0 => arms!($m, q8_0x16_q8_0, q8_0_row, Q8_0X16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
             // The bit planes have one kernel, AVX2's, which runs at both levels.
-            GgmlType::Q5_0 if w.fifth_bits == FifthBits::Planes => arms!(avx2, q5_0p16_q8_0, q8_0_row, Q5_0X16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
-            GgmlType::Q5_0 => arms!($m, q5_0x16_q8_0, q8_0_row, Q5_0X16_BYTES, (group, acts, ts, buf); 1 2 3 4 5 6 7 8),
+            GgmlType::Q5_0 if w.fifth_bits == FifthBits::Planes => arms!(avx2, q5_0p16_q8_0, q8_0_row, Q5_0X16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
+            GgmlType::Q5_0 => arms!($m, q5_0x16_q8_0, q8_0_row, Q5_0X16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
             _ => {}
         }
     }};
 }
 
-/// Calls `$kernel` (one token, `$B` bytes a block) on each group of `$gs` of `$w` with the
-/// activation arguments `$arg`, writing the group's rows into `$out`.
-#[cfg(target_arch = "x86_64")]
-macro_rules! each_group {
-    ($kernel:path, $B:expr, ($w:expr, $gs:expr, $out:expr), $($arg:expr),*) => {
-        for (g, o) in $gs.zip($out.chunks_mut(GROUP_ROWS)) {
-            let blocks = $w.group(g).as_chunks::<{ $B }>().0;
-            let mut buf = [[0f32; GROUP_ROWS]; 1];
-            let dst = match <&mut [f32; GROUP_ROWS]>::try_from(&mut *o) {
-                Ok(whole) => std::array::from_mut(whole),
-                Err(_) => &mut buf,
-            };
-            // SAFETY: the level is clamped to the hardware, which has the kernel's features.
-            unsafe { $kernel(blocks, $($arg,)* dst) };
-            if o.len() < GROUP_ROWS {
-                o.copy_from_slice(&buf[0][..o.len()]);
-            }
-        }
-    };
-}
-
-/// The body of [`one_token_groups`] at the x86 level `$m`: the kernels of
-/// [`x86_group_tile`], one token wide.
-#[cfg(target_arch = "x86_64")]
-macro_rules! x86_one_token {
-    ($m:ident, $w:expr, $gs:expr, $acts:expr, $out:expr) => {{
-        let (w, gs, acts, out) = ($w, $gs, $acts, $out);
-        let sums = [acts.row_block_sums(0).unwrap_or(&[])];
-        let (a8, a1, ak) = (
-            [q8_0_row(acts, 0)],
-            [q8_1_row(acts, 0)],
-            [q8_k_row(acts, 0)],
-        );
-        match w.ty {
-            GgmlType::Q4_K => each_group!(
-                crate::dot::$m::q4_kx16_q8_k::<1>,
-                Q4_KX16_BYTES,
-                (w, gs, out),
-                ak
-            ),
-            // No 512-bit kernels for Q5_K, Q4_0 and the Q5_0 bit planes, as in `x86_group_tile`.
-            GgmlType::Q5_K => each_group!(
-                crate::dot::avx2::q5_kx16_q8_k::<1>,
-                Q5_KX16_BYTES,
-                (w, gs, out),
-                ak
-            ),
-            GgmlType::Q6_K => each_group!(
-                crate::dot::$m::q6_kx16_q8_k::<1>,
-                Q6_KX16_BYTES,
-                (w, gs, out),
-                ak
-            ),
-            GgmlType::Q4_0 => each_group!(
-                crate::dot::avx2::q4_0x16_q8_0::<1>,
-                Q4_0X16_BYTES,
-                (w, gs, out),
-                a8,
-                sums
-            ),
-            GgmlType::Q4_1 => each_group!(
-                crate::dot::$m::q4_1x16_q8_1::<1>,
-                Q4_1X16_BYTES,
-                (w, gs, out),
-                a1,
-                sums
-            ),
-            GgmlType::Q8_0 => each_group!(
-                crate::dot::$m::q8_0x16_q8_0::<1>,
-                Q8_0X16_BYTES,
-                (w, gs, out),
-                a8,
-                sums
-            ),
-            GgmlType::Q5_0 if w.fifth_bits == FifthBits::Planes => {
-                each_group!(
-                    crate::dot::avx2::q5_0p16_q8_0::<1>,
-                    Q5_0X16_BYTES,
-                    (w, gs, out),
-                    a8,
-                    sums
-                )
-            }
-            GgmlType::Q5_0 => each_group!(
-                crate::dot::$m::q5_0x16_q8_0::<1>,
-                Q5_0X16_BYTES,
-                (w, gs, out),
-                a8,
-                sums
-            ),
-            _ => {}
-        }
-    }};
-}
-
-/// One group against the tokens `ts` (at most [`TOKEN_TILE`]): `buf[k][i]` = row
-/// `16g + i`, token `ts.start + k`.
-fn group_tile(
+/// The consecutive groups `gs` of `w` against the tokens `ts` (at most [`TOKEN_TILE`]),
+/// stored through `out`.
+///
+/// # Safety
+/// As [`GroupOut::store`] for every group of `gs`.
+unsafe fn tile_groups(
     level: CpuLevel,
+    w: &RepackedMatrix,
+    gs: Range<usize>,
+    acts: &QuantizedActivations,
+    ts: Range<usize>,
+    out: GroupOut,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if level >= CpuLevel::Avx2 {
+        if level >= CpuLevel::Avx512 {
+            x86_tile_groups!(avx512, w, gs, acts, ts, out);
+        } else {
+            x86_tile_groups!(avx2, w, gs, acts, ts, out);
+        }
+        return;
+    }
+    let mut buf = [[0f32; GROUP_ROWS]; TOKEN_TILE];
+    for g in gs {
+        scalar_group(w, g, acts, ts.clone(), &mut buf);
+        // SAFETY: the caller's promise.
+        unsafe { out.store(g, ts.clone(), &buf) };
+    }
+}
+
+/// One group against the tokens `ts` through the scalar row kernels on the rows unpacked to
+/// the file layout: `buf[k][i]` = row `16g + i`, token `ts.start + k`.
+fn scalar_group(
     w: &RepackedMatrix,
     g: usize,
     acts: &QuantizedActivations,
     ts: Range<usize>,
     buf: &mut [[f32; GROUP_ROWS]; TOKEN_TILE],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if level >= CpuLevel::Avx2 {
-        if level >= CpuLevel::Avx512 {
-            x86_group_tile!(avx512, w, g, acts, ts, buf);
-        } else {
-            x86_group_tile!(avx2, w, g, acts, ts, buf);
-        }
-        return;
-    }
     for i in 0..GROUP_ROWS.min(w.rows - g * GROUP_ROWS) {
         let row = w.file_row(g * GROUP_ROWS + i);
         for (out, t) in buf.iter_mut().zip(ts.clone()) {
@@ -739,33 +656,6 @@ fn group_tile(
                 (_, None) => 0.0,
             };
         }
-    }
-}
-
-/// One token against the consecutive groups `gs` of `w`, into `out` (the rows of those
-/// groups, from row `16·gs.start`, cut at the matrix's end): the level and format are matched
-/// once for the run, then the kernel is called group after group. Decode's groups are a few
-/// kilobytes each, and a match and slice setup per group cost ~4% of the stream.
-fn one_token_groups(
-    level: CpuLevel,
-    w: &RepackedMatrix,
-    gs: Range<usize>,
-    acts: &QuantizedActivations,
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if level >= CpuLevel::Avx2 {
-        if level >= CpuLevel::Avx512 {
-            x86_one_token!(avx512, w, gs, acts, out);
-        } else {
-            x86_one_token!(avx2, w, gs, acts, out);
-        }
-        return;
-    }
-    let mut buf = [[0f32; GROUP_ROWS]; TOKEN_TILE];
-    for (g, o) in gs.zip(out.chunks_mut(GROUP_ROWS)) {
-        group_tile(level, w, g, acts, 0..1, &mut buf);
-        o.copy_from_slice(&buf[0][..o.len()]);
     }
 }
 
