@@ -32,7 +32,7 @@ pub fn q8_0x16_q16<const N: usize>(
         let base = g.as_ptr();
         if N == 1 {
             super::repack::prefetch(
-                base.wrapping_add(super::repack::Q8_0_PREFETCH_AHEAD),
+                base.wrapping_add(super::repack::FAR_PREFETCH_AHEAD),
                 Q8_0X16_BYTES,
                 stream,
             );

@@ -41,7 +41,7 @@ pub fn q4_1x16_q8_1<const N: usize>(
     for (b, g) in w[..nb].iter().enumerate() {
         let base = g.as_ptr();
         if N == 1 {
-            prefetch(base.wrapping_add(PREFETCH_AHEAD), Q4_1X16_BYTES, stream);
+            prefetch(base.wrapping_add(FAR_PREFETCH_AHEAD), Q4_1X16_BYTES, stream);
         }
         for h in 0..2 {
             // SAFETY: scales at 0..32, minimums at 32..64 and the four code vectors at
@@ -89,11 +89,7 @@ pub fn q8_0x16_q8_0<const N: usize>(
     for (b, g) in w[..nb].iter().enumerate() {
         let base = g.as_ptr();
         if N == 1 {
-            prefetch(
-                base.wrapping_add(Q8_0_PREFETCH_AHEAD),
-                Q8_0X16_BYTES,
-                stream,
-            );
+            prefetch(base.wrapping_add(FAR_PREFETCH_AHEAD), Q8_0X16_BYTES, stream);
         }
         for h in 0..2 {
             // SAFETY: scales at 0..32 and eight 64-byte code vectors at 32..544 of the
@@ -324,9 +320,10 @@ pub(super) fn store<const N: usize>(acc: &[[__m256; 2]; N], out: &mut [[f32; 16]
 /// with several tokens the weights come from cache and the hint would only cost instructions.
 pub(super) const PREFETCH_AHEAD: usize = 1536;
 
-/// [`PREFETCH_AHEAD`] for the 8-bit codes (the Q8_0 kernel and the 16-bit head): they spend
-/// fewer instructions per byte, so they ask further ahead (`docs/benchmarks.md`, issue 20).
-pub(super) const Q8_0_PREFETCH_AHEAD: usize = 3072;
+/// [`PREFETCH_AHEAD`] for the 8-bit codes (the Q8_0 kernel and the 16-bit head), which spend
+/// fewer instructions per byte, and for Q4_1 since its weights are prefetched non-temporally
+/// ([`crate::stream`]): they ask further ahead (`docs/benchmarks.md`, issue 20).
+pub(super) const FAR_PREFETCH_AHEAD: usize = 3072;
 
 /// Asks for the cache lines of `bytes` from `at` (an address past the matrix is harmless: a
 /// prefetch never faults): into L1 alone when the weights are `streamed` past the caches
