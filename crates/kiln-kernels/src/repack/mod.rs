@@ -399,8 +399,8 @@ pub(crate) type GroupRun<'a> = dyn Fn(Range<usize>, Range<usize>, GroupOut) + Sy
 /// range of them (`Pool::run_contiguous`); inside a task, token tiles are the outer loop so
 /// the tile's activations stay in L1 while the task's weights come from L2, and each call
 /// gets a task's whole run of groups, so the kernel is chosen once per run, not per 16-row
-/// group (a group of a decoded token is a few kilobytes, and choosing per group cost ~4% of
-/// the stream).
+/// group (a group of a decoded token is a few kilobytes: choosing per group was a measurable
+/// share of the stream, docs/benchmarks.md).
 pub(crate) fn par_groups(rows: usize, n_tokens: usize, out: &mut [f32], run: &GroupRun<'_>) {
     let ptr = OutPtr(out.as_mut_ptr());
     par_groups_many([rows], n_tokens, [ptr], &|_, gs, ts, out| run(gs, ts, out));
