@@ -105,7 +105,8 @@ pub fn matmul_repacked_q16_at(
     let level = level.clamp_to_hardware();
     let acts = &*scratch;
     let rows = w.rows();
-    // SAFETY (every `store` below): `par_groups` gives each call groups no other call has.
+    // SAFETY (every `each_group` and `store` below): `par_groups` gives each call groups no
+    // other call has.
     let run = |gs: Range<usize>, ts: Range<usize>, out: GroupOut| {
         #[cfg(target_arch = "x86_64")]
         if level >= CpuLevel::Avx2 {
@@ -115,19 +116,16 @@ pub fn matmul_repacked_q16_at(
                         $($n => {
                             let x: [&[i16]; $n] = std::array::from_fn(|k| acts.row(ts.start + k).0);
                             let d: [&[f32]; $n] = std::array::from_fn(|k| acts.row(ts.start + k).1);
-                            let mut buf = [[0f32; GROUP_ROWS]; $n];
-                            for g in gs {
-                                let blocks = w.group(g).as_chunks::<{ crate::repack::Q8_0X16_BYTES }>().0;
-                                // SAFETY: the level is clamped to the hardware, which has this
-                                // level's features; `store` as said above.
-                                unsafe {
+                            // SAFETY: the level is clamped to the hardware, which has this
+                            // level's features; `each_group` as said above.
+                            unsafe {
+                                out.each_group::<{ crate::repack::Q8_0X16_BYTES }, $n>(w, gs, ts, |blocks, buf| {
                                     if level >= CpuLevel::Avx512 {
-                                        crate::dot::avx512::q8_0x16_q16::<$n>(blocks, x, d, &mut buf)
+                                        crate::dot::avx512::q8_0x16_q16::<$n>(blocks, x, d, buf)
                                     } else {
-                                        crate::dot::avx2::q8_0x16_q16::<$n>(blocks, x, d, &mut buf)
+                                        crate::dot::avx2::q8_0x16_q16::<$n>(blocks, x, d, buf)
                                     }
-                                    out.store(g, ts.clone(), &buf);
-                                };
+                                })
                             }
                         })*
                         _ => {}

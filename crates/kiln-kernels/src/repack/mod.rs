@@ -493,6 +493,29 @@ impl GroupOut {
     }
 }
 
+impl GroupOut {
+    /// Runs `kernel` on each group of `gs` of `w` (the group's blocks of `B` bytes, into a
+    /// buffer of `N` tokens' rows) and stores its results for the tokens `ts` (`N` of them).
+    ///
+    /// # Safety
+    /// As [`GroupOut::store`] for every group of `gs`.
+    #[inline]
+    pub(crate) unsafe fn each_group<const B: usize, const N: usize>(
+        self,
+        w: &RepackedMatrix,
+        gs: Range<usize>,
+        ts: Range<usize>,
+        mut kernel: impl FnMut(&[[u8; B]], &mut [[f32; GROUP_ROWS]; N]),
+    ) {
+        let mut buf = [[0f32; GROUP_ROWS]; N];
+        for g in gs {
+            kernel(w.group(g).as_chunks::<B>().0, &mut buf);
+            // SAFETY: the caller's promise.
+            unsafe { self.store(g, ts.clone(), &buf) };
+        }
+    }
+}
+
 /// Output pointer shared by tasks that write disjoint rows.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -541,15 +564,12 @@ macro_rules! arms {
                     let sums: [&[f32]; $n] = std::array::from_fn(|k| {
                         acts.row_block_sums(ts.start + k).unwrap_or(&[])
                     });
-                    let mut buf = [[0f32; GROUP_ROWS]; $n];
-                    for g in gs {
-                        let blocks = w.group(g).as_chunks::<{ $B }>().0;
-                        // SAFETY: the level is clamped to the hardware, which has the features
-                        // of level `$m`; `store` as the caller of `tile_groups` promises.
-                        unsafe {
-                            crate::dot::$m::$kernel::<$n>(blocks, rows, sums, &mut buf);
-                            out.store(g, ts.clone(), &buf);
-                        }
+                    // SAFETY: the level is clamped to the hardware, which has the features of
+                    // level `$m`; `each_group` as the caller of `tile_groups` promises.
+                    unsafe {
+                        out.each_group::<{ $B }, $n>(w, gs, ts, |blocks, buf| {
+                            crate::dot::$m::$kernel::<$n>(blocks, rows, sums, buf)
+                        })
                     }
                 })*
                 _ => {}
@@ -567,14 +587,11 @@ macro_rules! k_arms {
             match ts.len() {
                 $($n => {
                     let rows: [_; $n] = std::array::from_fn(|k| q8_k_row(acts, ts.start + k));
-                    let mut buf = [[0f32; GROUP_ROWS]; $n];
-                    for g in gs {
-                        let blocks = w.group(g).as_chunks::<{ $B }>().0;
-                        // SAFETY: as for `arms`.
-                        unsafe {
-                            crate::dot::$m::$kernel::<$n>(blocks, rows, &mut buf);
-                            out.store(g, ts.clone(), &buf);
-                        }
+                    // SAFETY: as for `arms`.
+                    unsafe {
+                        out.each_group::<{ $B }, $n>(w, gs, ts, |blocks, buf| {
+                            crate::dot::$m::$kernel::<$n>(blocks, rows, buf)
+                        })
                     }
                 })*
                 _ => {}

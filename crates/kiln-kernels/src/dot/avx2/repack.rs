@@ -320,9 +320,8 @@ pub(super) fn store<const N: usize>(acc: &[[__m256; 2]; N], out: &mut [[f32; 16]
 /// with several tokens the weights come from cache and the hint would only cost instructions.
 pub(super) const PREFETCH_AHEAD: usize = 1536;
 
-/// [`PREFETCH_AHEAD`] for the 8-bit codes (the Q8_0 kernel and the 16-bit head), which spend
-/// fewer instructions per byte, and for Q4_1 since its weights are prefetched non-temporally
-/// ([`crate::stream`]): they ask further ahead (`docs/benchmarks.md`, issue 20).
+/// [`PREFETCH_AHEAD`] for the kernels that measured faster asking further ahead: the 8-bit
+/// codes (the Q8_0 kernel and the 16-bit head) and Q4_1 (`docs/benchmarks.md`, issue 20).
 pub(super) const FAR_PREFETCH_AHEAD: usize = 3072;
 
 /// Asks for the cache lines of `bytes` from `at` (an address past the matrix is harmless: a
