@@ -1,7 +1,9 @@
 //! Decode-shaped matmul rates (one token against a repacked Q8_0 matrix), in weight bytes per
 //! second, at 1 and 2 threads: with the matrix hot in L2 (the kernel's compute-bound rate) and
 //! with a model-sized set of matrices streamed from memory (what decode gets). Run:
-//! `cargo bench -p kiln-kernels --bench decode_matmul`.
+//! `cargo bench -p kiln-kernels --bench decode_matmul`; `-- --rows N` sets the streamed
+//! matrices' rows (768 by default; the set stays ~141 MB), to see what a dispatch costs: the
+//! smaller each matrix, the more of the stream goes to starting and ending a parallel step.
 
 use std::time::Instant;
 
@@ -67,12 +69,43 @@ fn main() {
         rate(&hot, 2000)
     });
     drop(hot);
-    // 300 of them: 141 MB, the Q8_0 test model's size and four times a 32 MiB last-level cache.
-    let cold: Vec<RepackedMatrix> = (0..300).map(|i| q8_0_matrix(768, 576, i + 2)).collect();
+    // 141 MB in all (300 matrices of 768 rows), the Q8_0 test model's size and four times a
+    // 32 MiB last-level cache.
+    let rows = match streamed_rows() {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!("decode_matmul: {e}");
+            std::process::exit(2);
+        }
+    };
+    let count = (300 * 768 / rows).max(1);
+    let cold: Vec<RepackedMatrix> = (0..count)
+        .map(|i| q8_0_matrix(rows, 576, i as u32 + 2))
+        .collect();
+    println!("streamed: {count} matrices of {rows} x 576");
     println!("| threads | L2-resident GB/s | streamed GB/s |");
     println!("| ---: | ---: | ---: |");
     for (threads, hot_rate) in [1, 2].into_iter().zip(hot_rates) {
         kiln_kernels::pool::set_threads(threads);
         println!("| {threads} | {hot_rate:.1} | {:.1} |", rate(&cold, 10));
     }
+}
+
+/// The streamed matrices' rows: `--rows N` (a multiple of 16 from 16 to 230,400), else 768.
+fn streamed_rows() -> Result<usize, String> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(at) = args.iter().position(|a| a == "--rows") else {
+        return Ok(768);
+    };
+    let value = args.get(at + 1).ok_or("--rows needs a value")?;
+    let rows: usize = value
+        .parse()
+        .map_err(|_| format!("--rows {value:?} is not a number"))?;
+    if rows == 0 || !rows.is_multiple_of(16) || rows > 300 * 768 {
+        return Err(format!(
+            "--rows {rows}: a multiple of 16 from 16 to {}",
+            300 * 768
+        ));
+    }
+    Ok(rows)
 }
