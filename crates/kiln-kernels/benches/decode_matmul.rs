@@ -78,7 +78,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let count = (300 * 768 / rows).max(1);
+    let count = (STREAMED_ROWS / rows).max(1);
     let cold: Vec<RepackedMatrix> = (0..count)
         .map(|i| q8_0_matrix(rows, 576, i as u32 + 2))
         .collect();
@@ -91,6 +91,9 @@ fn main() {
     }
 }
 
+/// Rows of all the streamed matrices together: 300 of 768 rows × 576 columns, 141 MB of Q8_0.
+const STREAMED_ROWS: usize = 300 * 768;
+
 /// The streamed matrices' rows: `--rows N` (a multiple of 16 from 16 to 230,400), else 768.
 fn streamed_rows() -> Result<usize, String> {
     let args: Vec<String> = std::env::args().collect();
@@ -101,10 +104,9 @@ fn streamed_rows() -> Result<usize, String> {
     let rows: usize = value
         .parse()
         .map_err(|_| format!("--rows {value:?} is not a number"))?;
-    if rows == 0 || !rows.is_multiple_of(16) || rows > 300 * 768 {
+    if rows == 0 || !rows.is_multiple_of(16) || rows > STREAMED_ROWS {
         return Err(format!(
-            "--rows {rows}: a multiple of 16 from 16 to {}",
-            300 * 768
+            "--rows {rows}: a multiple of 16 from 16 to {STREAMED_ROWS}"
         ));
     }
     Ok(rows)

@@ -491,9 +491,7 @@ impl GroupOut {
             }
         }
     }
-}
 
-impl GroupOut {
     /// Runs `kernel` on each group of `gs` of `w` (the group's blocks of `B` bytes, into a
     /// buffer of `N` tokens' rows) and stores its results for the tokens `ts` (`N` of them).
     ///
