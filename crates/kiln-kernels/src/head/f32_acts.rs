@@ -1,12 +1,13 @@
 //! Quantized weights × unquantized (f32) activations. Used where the 8-bit rounding of the
 //! activations costs measurable accuracy: the output head, whose logits feed the sampler
-//! directly (on SmolLM2 it is most of the Q4_1 path's KL against f32). The head is
-//! memory-bound at decode, so the f32 multiply costs little time.
+//! directly (on SmolLM2 it is most of the Q4_1 path's KL against f32). Q8_0 and Q6_K (the
+//! head of llama-quantize's K-quant and Q4_0 files whose width is a multiple of 256) have
+//! SIMD kernels; other types dequantize a block at a time into a stack buffer.
 
 use half::f16;
 
 use crate::Result;
-use crate::format::blocks::Q8_0_BYTES;
+use crate::format::blocks::{Q6_K_BYTES, Q8_0_BYTES};
 use crate::format::dequant::dequantize_unchecked;
 use crate::format::types::GgmlType;
 use crate::level::{CpuLevel, cpu_level};
@@ -37,6 +38,11 @@ pub fn matmul_f32_activations(
 
 /// One row × one f32 vector at `level` (clamped to the hardware).
 pub fn dot_at(level: CpuLevel, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if ty == GgmlType::Q6_K && level.clamp_to_hardware() >= CpuLevel::Avx2 {
+        // SAFETY: the level check guarantees avx2, fma and f16c (also at AVX-512).
+        return unsafe { q6_k_f32_avx2(row, x) };
+    }
     #[cfg(target_arch = "x86_64")]
     if ty == GgmlType::Q8_0 {
         let level = level.clamp_to_hardware();
@@ -130,6 +136,70 @@ fn q8_0_f32_avx2(row: &[u8], x: &[f32]) -> f32 {
     crate::dot::avx2::hsum_ps(acc)
 }
 
+/// Q6_K × f32: each 128-value half of a super-block is rebuilt as four vectors of 32 signed
+/// codes (low nibbles of `ql` or its high nibbles, plus two bits of `qh` each), in element
+/// order, so 16-value sub-block `j` is one 128-bit lane and takes scale byte `j`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q6_k_f32_avx2(row: &[u8], x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let (m4, m2, bias) = (
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(3),
+        _mm256_set1_epi8(32),
+    );
+    // Two accumulators: even and odd sub-blocks, so the FMA chains overlap.
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (block, xs) in row.chunks_exact(Q6_K_BYTES).zip(x.chunks_exact(256)) {
+        let d = crate::dot::avx2::f16c(f16::from_le_bytes([block[208], block[209]]));
+        for half in 0..2 {
+            // SAFETY: the loads read bytes 64·half..64·half + 64 (ql) and
+            // 128 + 32·half..+32 (qh) of the 210-byte block.
+            let codes = unsafe {
+                let p = block.as_ptr();
+                let ql0 = _mm256_loadu_si256(p.add(64 * half).cast());
+                let ql1 = _mm256_loadu_si256(p.add(64 * half + 32).cast());
+                let qh = _mm256_loadu_si256(p.add(128 + 32 * half).cast());
+                // Two bits of qh moved to bits 4..6 of each byte (masked before the 16-bit
+                // shift left, so no bit crosses into the next byte).
+                let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m2));
+                let h1 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2));
+                let h2 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(qh), m2));
+                let h3 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(qh), m2));
+                let up0 = _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4);
+                let up1 = _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4);
+                [
+                    _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(ql0, m4), h0), bias),
+                    _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(ql1, m4), h1), bias),
+                    _mm256_sub_epi8(_mm256_or_si256(up0, h2), bias),
+                    _mm256_sub_epi8(_mm256_or_si256(up1, h3), bias),
+                ]
+            };
+            for (k, q) in codes.iter().enumerate() {
+                for (lane, lane_acc) in acc.iter_mut().enumerate() {
+                    let j = 8 * half + 2 * k + lane;
+                    let v = if lane == 0 {
+                        _mm256_castsi256_si128(*q)
+                    } else {
+                        _mm256_extracti128_si256::<1>(*q)
+                    };
+                    let a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+                    let b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v)));
+                    // SAFETY: xs has 256 floats; sub-block j reads 16·j..16·j + 16.
+                    let p = unsafe {
+                        let at = xs.as_ptr().add(16 * j);
+                        let p = _mm256_mul_ps(a, _mm256_loadu_ps(at));
+                        _mm256_fmadd_ps(b, _mm256_loadu_ps(at.add(8)), p)
+                    };
+                    let scale = _mm256_set1_ps(d * f32::from(block[192 + j] as i8));
+                    *lane_acc = _mm256_fmadd_ps(scale, p, *lane_acc);
+                }
+            }
+        }
+    }
+    crate::dot::avx2::hsum_ps(_mm256_add_ps(acc[0], acc[1]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +244,39 @@ mod tests {
                 assert!(
                     (got - reference).abs() <= 1e-5 * scale,
                     "{level:?}: {got} vs {reference}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn q6_k_simd_matches_generic_at_every_level() {
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for blocks in [1, 2, 5, 12] {
+            let mut row = vec![];
+            for _ in 0..blocks {
+                let mut b: Vec<u8> = (0..208).map(|_| next() as u8).collect();
+                b.extend(f16::from_f32(0.001 + (next() % 100) as f32 / 10000.0).to_le_bytes());
+                row.extend(b);
+            }
+            let x: Vec<f32> = (0..blocks * 256)
+                .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+                .collect();
+            let reference = generic_scalar(GgmlType::Q6_K, &row, &x);
+            let mut deq = vec![0f32; blocks * 256];
+            dequantize_unchecked(GgmlType::Q6_K, &row, &mut deq);
+            let scale: f32 = deq.iter().zip(&x).map(|(w, v)| (w * v).abs()).sum();
+            for level in supported_levels() {
+                let got = dot_at(level, GgmlType::Q6_K, &row, &x);
+                assert!(
+                    (got - reference).abs() <= 1e-5 * scale,
+                    "{level:?}, {blocks} blocks: {got} vs {reference}"
                 );
             }
         }
