@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use kiln_kernels::arena::WeightBuf;
 use kiln_kernels::head::i16_acts::{Q16Activations, matmul_repacked_q16};
+use kiln_kernels::head::q6_k_split::{self, SplitActivations, matmul_q6_k_split};
 use kiln_kernels::repack::{RepackedMatrix, matmul_repacked_many_into};
 use kiln_kernels::{GgmlType, QMatrix, QuantizedActivations};
 
@@ -100,6 +101,8 @@ pub struct CpuBackend {
     scratch: Mutex<QuantizedActivations>,
     /// The same for the output head's 16-bit activations.
     head_scratch: Mutex<Q16Activations>,
+    /// The same for a Q6_K head's 15-bit activations.
+    split_scratch: Mutex<SplitActivations>,
     matmul_ns: AtomicU64,
     attention_ns: AtomicU64,
     other_ns: AtomicU64,
@@ -118,6 +121,7 @@ impl CpuBackend {
             options,
             scratch: Mutex::new(QuantizedActivations::new()),
             head_scratch: Mutex::new(Q16Activations::new()),
+            split_scratch: Mutex::new(SplitActivations::new()),
             matmul_ns: AtomicU64::new(0),
             attention_ns: AtomicU64::new(0),
             other_ns: AtomicU64::new(0),
@@ -150,7 +154,8 @@ impl Backend for CpuBackend {
         }
         // The output head (the embedding table when tied) keeps its activations unrounded
         // (f32, `kiln_kernels::head::f32_acts`, which says what this buys) or, for Q8_0 heads on
-        // AVX-512, at 16 bits (`kiln_kernels::head::i16_acts`).
+        // AVX-512, at 16 bits (`kiln_kernels::head::i16_acts`), or for Q6_K heads at AVX2 and
+        // above, at 15 bits (`kiln_kernels::head::q6_k_split`, chosen at the matmul).
         let f32_activations = name == "lm_head.weight" || name == "model.embed_tokens.weight";
         if f32_activations
             && kiln_kernels::head::i16_acts::worthwhile(kiln_kernels::cpu_level(), t.ty)
@@ -294,7 +299,12 @@ impl Backend for CpuBackend {
                 f32_activations: true,
             } => {
                 let qm = QMatrix::new(*ty, *rows, *cols, bytes)?;
-                kiln_kernels::matmul_f32_activations(&qm, &x.data, x.rows, &mut out.data)?;
+                if q6_k_split::worthwhile(kiln_kernels::cpu_level(), *ty) {
+                    let mut scratch = self.split_scratch.lock().unwrap_or_else(|p| p.into_inner());
+                    matmul_q6_k_split(&qm, &x.data, x.rows, &mut out.data, &mut scratch)?;
+                } else {
+                    kiln_kernels::matmul_f32_activations(&qm, &x.data, x.rows, &mut out.data)?;
+                }
             }
             CpuMatrix::Quant {
                 ty,
