@@ -146,6 +146,12 @@ pub fn matmul_q6_k_split_at(
         let row = &data[r * rb..(r + 1) * rb];
         let x = acts.row(t);
         #[cfg(target_arch = "x86_64")]
+        if level >= CpuLevel::Avx512 {
+            // SAFETY: the level is clamped to the hardware, so the AVX-512 set is present;
+            // `row` holds `cols / 256` blocks and `x` the same number of 256-value blocks.
+            return unsafe { q6_k_split_avx512(row, x) };
+        }
+        #[cfg(target_arch = "x86_64")]
         if level >= CpuLevel::Avx2 {
             // SAFETY: the level is clamped to the hardware, so avx2, fma and f16c are present;
             // `row` holds `cols / 256` blocks and `x` the same number of 256-value blocks.
@@ -188,8 +194,7 @@ pub fn q6_k_split_reference(row: &[u8], x: SplitRow<'_>) -> f32 {
 unsafe fn q6_k_split_avx2(row: &[u8], x: SplitRow<'_>) -> f32 {
     use std::arch::x86_64::*;
     let (m4, m2) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
-    let mut acc = _mm256_setzero_ps();
-    let mut offset = 0f32;
+    let (mut acc, mut offset) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     for (sb, block) in row.chunks_exact(Q6_K_BYTES).enumerate() {
         let d = crate::dot::avx2::f16c(half::f16::from_le_bytes([block[208], block[209]]))
             * x.scales[sb];
@@ -240,17 +245,105 @@ unsafe fn q6_k_split_avx2(row: &[u8], x: SplitRow<'_>) -> f32 {
                 ilo = _mm256_add_epi32(ilo, pl);
             }
         }
-        let sums = &x.sums[16 * sb..16 * sb + 16];
-        let bias: i32 = sc
-            .iter()
-            .zip(sums)
-            .map(|(&s, &q)| i32::from(s as i8) * q)
-            .sum();
+        // SAFETY: `sums` has 16 per block and `sc` is 16 bytes of the block.
+        let bias = unsafe {
+            let sums = x.sums.as_ptr().add(16 * sb);
+            let s0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sc.as_ptr().cast()));
+            let s1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sc.as_ptr().add(8).cast()));
+            _mm256_add_epi32(
+                _mm256_mullo_epi32(s0, _mm256_loadu_si256(sums.cast())),
+                _mm256_mullo_epi32(s1, _mm256_loadu_si256(sums.add(8).cast())),
+            )
+        };
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ihi), _mm256_set1_ps(128.0 * d), acc);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ilo), _mm256_set1_ps(d), acc);
-        offset += 32.0 * d * bias as f32;
+        offset = _mm256_fmadd_ps(_mm256_cvtepi32_ps(bias), _mm256_set1_ps(32.0 * d), offset);
     }
-    crate::dot::avx2::hsum_ps(acc) - offset
+    crate::dot::avx2::hsum_ps(_mm256_sub_ps(acc, offset))
+}
+
+/// The AVX-512 kernel: each block is rebuilt as four vectors of 64 unsigned codes in element
+/// order, so 16-value sub-block `j` is 128-bit lane `j % 4` of vector `j / 4`; `vpdpwssd`
+/// weighs each lane's byte-pair sums by its sub-block scale.
+///
+/// # Safety
+/// The CPU must support the [`CpuLevel::Avx512`] feature set; `x` must have as many 256-value
+/// blocks as `row`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_k_split_avx512(row: &[u8], x: SplitRow<'_>) -> f32 {
+    use std::arch::x86_64::*;
+    let (m4, m2) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
+    // 16-bit shifts that bring bits 0..1 / 2..3 (codes 0..64 of a half) and 4..5 / 6..7
+    // (codes 64..128) of the shared high-bit bytes down, one count per 256-bit half.
+    let shift_low = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
+    let shift_high = _mm512_add_epi16(shift_low, _mm512_set1_epi16(4));
+    // Lane `l` of scale vector `k` takes sub-block `4k + l`'s scale, as 16-bit words.
+    let lane = |k: i16| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set_m128i(
+                _mm_set1_epi16(4 * k + 1),
+                _mm_set1_epi16(4 * k),
+            )),
+            _mm256_set_m128i(_mm_set1_epi16(4 * k + 3), _mm_set1_epi16(4 * k + 2)),
+        )
+    };
+    let pick = [lane(0), lane(1), lane(2), lane(3)];
+    let (mut acc, mut offset) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for (sb, block) in row.chunks_exact(Q6_K_BYTES).enumerate() {
+        let d = crate::dot::avx2::f16c(half::f16::from_le_bytes([block[208], block[209]]))
+            * x.scales[sb];
+        let p = block.as_ptr();
+        // SAFETY: 16 scale bytes at 192 of the 210-byte block.
+        let sc16 = unsafe {
+            _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192).cast())))
+        };
+        let (mut ihi, mut ilo) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+        for half in 0..2 {
+            // SAFETY: bytes 64·half..+64 (ql) and 128 + 32·half..+32 (qh) of the block.
+            let (ql, qh) = unsafe {
+                (
+                    _mm512_loadu_si512(p.add(64 * half).cast()),
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(128 + 32 * half).cast())),
+                )
+            };
+            let h = |s: __m512i| _mm512_slli_epi16::<4>(_mm512_and_si512(s, m2));
+            let codes = [
+                _mm512_or_si512(
+                    _mm512_and_si512(ql, m4),
+                    h(_mm512_srlv_epi16(qh, shift_low)),
+                ),
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
+                    h(_mm512_srlv_epi16(qh, shift_high)),
+                ),
+            ];
+            for (i, c) in codes.iter().enumerate() {
+                let k = 2 * half + i;
+                let scale = _mm512_permutexvar_epi16(pick[k], sc16);
+                let at = 256 * sb + 64 * k;
+                // SAFETY: `x` has 256 codes per block; this reads 64 of block `sb`'s.
+                let (xh, xl) = unsafe {
+                    (
+                        _mm512_loadu_si512(x.hi.as_ptr().add(at).cast()),
+                        _mm512_loadu_si512(x.lo.as_ptr().add(at).cast()),
+                    )
+                };
+                // As in the AVX2 kernel: the byte-pair sums never saturate.
+                ihi = _mm512_dpwssd_epi32(ihi, _mm512_maddubs_epi16(*c, xh), scale);
+                ilo = _mm512_dpwssd_epi32(ilo, _mm512_maddubs_epi16(*c, xl), scale);
+            }
+        }
+        // SAFETY: `sums` has 16 per block; 16 scale bytes at 192.
+        let bias = unsafe {
+            let s = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(192).cast()));
+            _mm512_mullo_epi32(s, _mm512_loadu_si512(x.sums.as_ptr().add(16 * sb).cast()))
+        };
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ihi), _mm512_set1_ps(128.0 * d), acc);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ilo), _mm512_set1_ps(d), acc);
+        offset = _mm512_fmadd_ps(_mm512_cvtepi32_ps(bias), _mm512_set1_ps(32.0 * d), offset);
+    }
+    _mm512_reduce_add_ps(_mm512_sub_ps(acc, offset))
 }
 
 #[cfg(test)]
