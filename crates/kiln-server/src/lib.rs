@@ -39,6 +39,8 @@ pub use state::{AppState, MemoryAdmission, ModelInfo, ServerConfig, SharedState,
 pub struct Extensions {
     /// Routes merged into the app (they get the same auth and Host checks).
     pub router: Option<axum::Router>,
+    /// What `router` answers, `(method, path, summary)`, for `/openapi.json` and `/v1`.
+    pub routes: Vec<routes::RouteDoc>,
     /// `/stats` sections by key.
     pub stats: Vec<(String, StatsHook)>,
     /// When it returns `Some`, generation responses carry it as `x-kiln-job-gate`.
@@ -85,6 +87,7 @@ pub async fn serve_with(
     let mut state = AppState::new(info, gateway.clone(), config, local_addr);
     state.extra_stats = extensions.stats;
     state.open_paths = extensions.open_paths;
+    state.routes.extend(extensions.routes);
     let state = Arc::new(state);
     let app = routes::router_with(state, extensions.router, extensions.gate_note);
     listen::serve_connections(listener, app, limits, shutdown).await;

@@ -1,9 +1,10 @@
-//! `GET /openapi.json`: an OpenAPI 3.1 document describing every route of [`ROUTES`].
+//! `GET /openapi.json`: an OpenAPI 3.1 document describing every route the app answers
+//! (`AppState::routes`: the server's [`crate::routes::ROUTES`] and the extensions').
 
 use axum::extract::State;
 use serde_json::{Map, Value, json};
 
-use crate::routes::ROUTES;
+use crate::routes::RouteDoc;
 use crate::state::SharedState;
 
 fn request_schema(path: &str) -> Option<Value> {
@@ -67,40 +68,69 @@ fn request_schema(path: &str) -> Option<Value> {
     Some(json!({"type": "object", "required": required, "properties": props}))
 }
 
-/// The document.
-pub fn document(model: &str) -> Value {
-    let mut paths = Map::new();
-    for (method, path, summary) in ROUTES {
-        let schema = if *method == "POST" {
-            request_schema(path)
+/// The request body of a lab or jobs route: a JSON object, whose keys its docs list.
+fn extension_schema(path: &str) -> Option<Value> {
+    if path == "/api/jobs" {
+        return Some(
+            json!({"type": "object", "required": ["kind"], "properties": {
+                "kind": {"type": "string", "description": "The job kind (docs/jobs.md)"},
+                "config": {"type": "object", "description": "The kind's settings"},
+            }}),
+        );
+    }
+    let keys = path.starts_with("/api/") && !path.contains('{');
+    keys.then(|| json!({"type": "object", "description": "The job's config keys (docs/lab.md)"}))
+}
+
+/// `{name}` segments of `path` as path parameters.
+fn path_parameters(path: &str) -> Vec<Value> {
+    (path.split('/'))
+        .filter_map(|seg| seg.strip_prefix('{')?.strip_suffix('}'))
+        .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
+        .collect()
+}
+
+/// One operation's description.
+fn operation(method: &str, path: &str, summary: &str) -> Value {
+    let mut op = json!({
+        "summary": summary,
+        "responses": {
+            "200": {"description": "OK"},
+            "400": {"description": "Invalid request (the message names the field)"},
+            "401": {"description": "Missing or wrong API key"},
+        },
+    });
+    let schema = match method {
+        "POST" => request_schema(path).or_else(|| extension_schema(path)),
+        _ => None,
+    };
+    if let Some(schema) = schema {
+        op["requestBody"] =
+            json!({"required": true, "content": {"application/json": {"schema": schema}}});
+        op["responses"]["413"] = json!({"description": "Body too large"});
+        if path.starts_with("/v1/") && path != "/v1/adapters" {
+            op["responses"]["503"] = json!({"description": "Queue full; retry after Retry-After"});
+        }
+    }
+    let parameters = path_parameters(path);
+    if !parameters.is_empty() {
+        let missing = if method == "DELETE" {
+            "Not mounted"
         } else {
-            None
+            "Not found"
         };
-        let mut op = json!({
-            "summary": summary,
-            "responses": {
-                "200": {"description": "OK"},
-                "400": {"description": "Invalid request (the message names the field)"},
-                "401": {"description": "Missing or wrong API key"},
-            },
-        });
-        if let Some(schema) = schema {
-            op["requestBody"] =
-                json!({"required": true, "content": {"application/json": {"schema": schema}}});
-            op["responses"]["413"] = json!({"description": "Body too large"});
-            if *path != "/v1/adapters" {
-                op["responses"]["503"] =
-                    json!({"description": "Queue full; retry after Retry-After"});
-            }
-        }
-        if *method == "DELETE" {
-            op["responses"]["404"] = json!({"description": "Not mounted"});
-        }
-        if path.contains("{id}") {
-            op["parameters"] = json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}]);
-        }
+        op["responses"]["404"] = json!({"description": missing});
+        op["parameters"] = Value::Array(parameters);
+    }
+    op
+}
+
+/// The document over `routes`.
+pub fn document(model: &str, routes: &[RouteDoc]) -> Value {
+    let mut paths = Map::new();
+    for (method, path, summary) in routes {
         let entry = paths.entry(path.to_string()).or_insert_with(|| json!({}));
-        entry[method.to_ascii_lowercase()] = op;
+        entry[method.to_ascii_lowercase()] = operation(method, path, summary);
     }
     json!({
         "openapi": "3.1.0",
@@ -116,5 +146,5 @@ pub fn document(model: &str) -> Value {
 
 /// `GET /openapi.json`.
 pub async fn spec(State(state): State<SharedState>) -> axum::Json<Value> {
-    axum::Json(document(&state.info.id))
+    axum::Json(document(&state.info.id, &state.routes))
 }

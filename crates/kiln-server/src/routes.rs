@@ -12,8 +12,12 @@ use crate::errors::{ApiError, Flavor};
 use crate::state::SharedState;
 use crate::{anthropic, auth, openai, openapi, page, stats};
 
-/// Every route: `(method, path, summary)`; `/v1` and `/openapi.json` are built from it.
-pub const ROUTES: &[(&str, &str, &str)] = &[
+/// One route's description: `(method, path, summary)`.
+pub type RouteDoc = (&'static str, &'static str, &'static str);
+
+/// Every route of the server's own router; `/v1` and `/openapi.json` are built from it and the
+/// extensions' routes (`AppState::routes`).
+pub const ROUTES: &[RouteDoc] = &[
     ("GET", "/", "The chat page"),
     ("GET", "/health", "Liveness: {\"status\":\"ok\"}"),
     (
@@ -188,8 +192,7 @@ async fn ready(State(state): State<SharedState>) -> Response {
 }
 
 async fn index(State(state): State<SharedState>) -> axum::Json<Value> {
-    let endpoints: Vec<Value> = ROUTES
-        .iter()
+    let endpoints: Vec<Value> = (state.routes.iter())
         .map(|(m, p, s)| json!({"method": m, "path": p, "description": s}))
         .collect();
     axum::Json(json!({

@@ -143,6 +143,8 @@ pub struct AppState {
     pub extra_stats: Vec<(String, StatsHook)>,
     /// Extension paths that need no API key (`/` at the end: a prefix).
     pub open_paths: Vec<&'static str>,
+    /// Every route the app answers: [`crate::routes::ROUTES`] and the extensions'.
+    pub routes: Vec<crate::routes::RouteDoc>,
     /// Stored Responses turns for `previous_response_id`.
     pub responses: crate::openai::responses::store::ResponseStore,
     weyl: AtomicU64,
@@ -178,6 +180,7 @@ impl AppState {
             started_at: unix_now(),
             extra_stats: Vec::new(),
             open_paths: Vec::new(),
+            routes: crate::routes::ROUTES.to_vec(),
             responses: Default::default(),
             weyl: AtomicU64::new(0),
             ids: AtomicU64::new(0),

@@ -21,6 +21,28 @@ pub const MAX_BODY: usize = 1 << 20;
 const DEFAULT_LIMIT: usize = 50;
 const MAX_LIMIT: usize = 1000;
 
+/// Every route of [`router`] as `(method, path, summary)`, for the server's `/openapi.json`.
+pub const ROUTES: &[(&str, &str, &str)] = &[
+    ("GET", "/api/jobs", "Jobs, newest first (?limit=&kind=)"),
+    (
+        "POST",
+        "/api/jobs",
+        "Submit a job: {kind, config} -> {ok, job_id, job}",
+    ),
+    ("GET", "/api/jobs/{id}", "One job"),
+    (
+        "GET",
+        "/api/jobs/{id}/stream",
+        "A job's events as server-sent events (Last-Event-ID resumes)",
+    ),
+    ("POST", "/api/jobs/{id}/cancel", "Cancel a job"),
+    (
+        "POST",
+        "/api/jobs/{id}/stop",
+        "Ask a training job to save what it has and end",
+    ),
+];
+
 /// `/api/jobs…`, with `host` as state.
 pub fn router(host: JobHost) -> Router {
     Router::new()
@@ -62,9 +84,12 @@ async fn submit(State(host): State<JobHost>, req: Request) -> Response {
     }
     let body = match axum::body::to_bytes(req.into_body(), MAX_BODY).await {
         Ok(b) => b,
+        Err(e) if crosses_limit(&e) => return too_large(),
         Err(e) => {
-            let msg = format!("request body unreadable or too large (limit {MAX_BODY} bytes): {e}");
-            return error(StatusCode::BAD_REQUEST, msg);
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("request body unreadable: {e}"),
+            );
         }
     };
     let request: Value = match serde_json::from_slice(&body) {
@@ -85,9 +110,23 @@ async fn submit(State(host): State<JobHost>, req: Request) -> Response {
     }
 }
 
+/// A 413, as the server's other routes answer an oversized body.
 fn too_large() -> Response {
     let msg = format!("request body too large (limit {MAX_BODY} bytes)");
-    error(StatusCode::BAD_REQUEST, msg)
+    error(StatusCode::PAYLOAD_TOO_LARGE, msg)
+}
+
+/// Whether reading the body failed because it crossed [`MAX_BODY`] (a chunked body, or one
+/// longer than it declared), rather than because the connection broke.
+fn crosses_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 async fn list(State(host): State<JobHost>, Query(q): Query<HashMap<String, String>>) -> Response {

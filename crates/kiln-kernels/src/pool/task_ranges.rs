@@ -3,7 +3,7 @@
 //! tasks from the back. A matmul's tasks are consecutive stretches of one weight stream, so
 //! each thread then reads one contiguous stretch per step instead of every other task's —
 //! which the hardware prefetchers follow: +14% decode at 2 threads when memory is fast enough
-//! for it to matter (docs/benchmarks.md) — while a slow thread's tail is still shared out.
+//! for it to matter (docs/benchmarks-history.md) — while a slow thread's tail is still shared out.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

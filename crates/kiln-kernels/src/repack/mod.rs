@@ -400,7 +400,7 @@ pub(crate) type GroupRun<'a> = dyn Fn(Range<usize>, Range<usize>, GroupOut) + Sy
 /// the tile's activations stay in L1 while the task's weights come from L2, and each call
 /// gets a task's whole run of groups, so the kernel is chosen once per run, not per 16-row
 /// group (a group of a decoded token is a few kilobytes: choosing per group was a measurable
-/// share of the stream, docs/benchmarks.md).
+/// share of the stream, docs/benchmarks-history.md).
 pub(crate) fn par_groups(rows: usize, n_tokens: usize, out: &mut [f32], run: &GroupRun<'_>) {
     let ptr = OutPtr(out.as_mut_ptr());
     par_groups_many([rows], n_tokens, [ptr], &|_, gs, ts, out| run(gs, ts, out));
@@ -430,7 +430,7 @@ fn par_groups_many<const M: usize>(
     // Prefill: small tasks, since the last one to finish is what the other threads wait for.
     // Decode: two tasks per thread, each a long stretch of the weight stream that the
     // prefetchers follow; the second is what a faster thread can take over. Four were slower
-    // on a Zen 2 (Q8_0 decode at two threads −4%, docs/benchmarks.md).
+    // on a Zen 2 (Q8_0 decode at two threads −4%, docs/benchmarks-history.md).
     let split = if n_tokens > 1 { 8 } else { 2 };
     let per_task = groups.div_ceil(pool.threads() * split).max(1);
     pool.run_contiguous(groups.div_ceil(per_task), &|task| {
@@ -570,7 +570,9 @@ macro_rules! arms {
                         })
                     }
                 })*
-                _ => {}
+                // Tiles hold 1..=TOKEN_TILE tokens; a wider one would leave its outputs
+                // unwritten behind the caller's `set_len`.
+                _ => unreachable!("token tile of {} rows", ts.len()),
             }
         }
     };
@@ -592,7 +594,9 @@ macro_rules! k_arms {
                         })
                     }
                 })*
-                _ => {}
+                // Tiles hold 1..=TOKEN_TILE tokens; a wider one would leave its outputs
+                // unwritten behind the caller's `set_len`.
+                _ => unreachable!("token tile of {} rows", ts.len()),
             }
         }
     };
@@ -615,7 +619,8 @@ macro_rules! x86_tile_groups {
             // The bit planes have one kernel, AVX2's, which runs at both levels.
             GgmlType::Q5_0 if w.fifth_bits == FifthBits::Planes => arms!(avx2, q5_0p16_q8_0, q8_0_row, Q5_0X16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
             GgmlType::Q5_0 => arms!($m, q5_0x16_q8_0, q8_0_row, Q5_0X16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
-            _ => {}
+            // Only the types above are repacked; another would leave its outputs unwritten.
+            other => unreachable!("no repacked kernel for {other:?}"),
         }
     }};
 }

@@ -50,6 +50,44 @@ pub struct LabState {
     pub resolve: Resolver,
 }
 
+/// Every route of [`router`] as `(method, path, summary)`, for the server's `/openapi.json`.
+pub const ROUTES: &[(&str, &str, &str)] = &[
+    (
+        "GET",
+        "/api/dataset/templates",
+        "Dataset generation templates",
+    ),
+    ("POST", "/api/dataset/submit", "Submit a dataset job"),
+    (
+        "POST",
+        "/api/finetune/inspect-dataset",
+        "Check a fine-tuning dataset: format, rows, problems",
+    ),
+    ("POST", "/api/finetune/submit", "Submit a fine-tuning job"),
+    ("POST", "/api/quantize/submit", "Submit a quantization job"),
+    (
+        "POST",
+        "/api/quantize/preview",
+        "A quantization plan's size and bits, before running it",
+    ),
+    (
+        "GET",
+        "/api/lab/models",
+        "Models the lab can use (cached and served)",
+    ),
+    ("GET", "/lab", "The lab's pages"),
+    (
+        "GET",
+        "/lab/assets/{name}",
+        "The lab pages' scripts and styles",
+    ),
+    ("GET", "/quantize", "Redirect to the lab's quantize page"),
+    ("GET", "/finetune", "Redirect to the lab's fine-tune page"),
+    ("GET", "/dataset", "Redirect to the lab's dataset page"),
+    ("GET", "/status", "Redirect to the lab's job status page"),
+    ("GET", "/jobs", "Redirect to the lab's job status page"),
+];
+
 /// `/api/dataset/*`, `/api/finetune/inspect-dataset`, `/api/quantize/preview`,
 /// `/api/lab/models`, and the pages.
 pub fn router(state: LabState) -> Router {

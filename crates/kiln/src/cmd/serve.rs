@@ -450,6 +450,7 @@ fn job_extensions(jobs: &JobHost, served: kiln_lab::http::ModelEntry) -> Extensi
     Extensions {
         open_paths: kiln_lab::http::OPEN_PATHS.to_vec(),
         router: Some(kiln_jobs::http::router(jobs.clone()).merge(lab)),
+        routes: [kiln_jobs::http::ROUTES, kiln_lab::http::ROUTES].concat(),
         stats: vec![(
             "jobs".into(),
             Arc::new(move || serde_json::to_value(for_stats.status()).unwrap_or_default()),

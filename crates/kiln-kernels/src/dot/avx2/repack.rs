@@ -321,7 +321,7 @@ pub(super) fn store<const N: usize>(acc: &[[__m256; 2]; N], out: &mut [[f32; 16]
 pub(super) const PREFETCH_AHEAD: usize = 1536;
 
 /// [`PREFETCH_AHEAD`] for the kernels that measured faster asking further ahead: the 8-bit
-/// codes (the Q8_0 kernel and the 16-bit head) and Q4_1 (`docs/benchmarks.md`, issue 20).
+/// codes (the Q8_0 kernel and the 16-bit head) and Q4_1 (`docs/benchmarks-history.md`, issue 20).
 pub(super) const FAR_PREFETCH_AHEAD: usize = 3072;
 
 /// Asks for the cache lines of `bytes` from `at` (an address past the matrix is harmless: a
