@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use crate::EngineError;
 use crate::detok::IncrementalDecoder;
-use crate::generate::{FinishReason, GenerateOutput, GenerateRequest, TokenLogprob};
 use crate::load::LoadedModel;
+use crate::request::{FinishReason, GenerateOutput, GenerateRequest, TokenLogprob};
 use crate::sampler::Sampler;
 use crate::stats::{GenerationStats, peak_rss_bytes, per_sec};
 use crate::stop::StopMatcher;

@@ -106,7 +106,7 @@ struct Record {
 struct Sink(Arc<Mutex<Record>>);
 
 impl SequenceSink for Sink {
-    fn text(&mut self, _: &str) -> bool {
+    fn text(&mut self, _: &str, _: &[kiln_engine::request::TokenLogprob]) -> bool {
         true
     }
     fn is_closed(&self) -> bool {

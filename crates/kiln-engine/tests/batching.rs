@@ -77,7 +77,7 @@ struct Record {
 struct Sink(Arc<Mutex<Record>>);
 
 impl SequenceSink for Sink {
-    fn text(&mut self, piece: &str) -> bool {
+    fn text(&mut self, piece: &str, _: &[kiln_engine::request::TokenLogprob]) -> bool {
         self.0.lock().unwrap().text.push_str(piece);
         true
     }

@@ -86,7 +86,7 @@ fn ask(
 struct Sink(Arc<Mutex<Option<GenerateOutput>>>);
 
 impl SequenceSink for Sink {
-    fn text(&mut self, _: &str) -> bool {
+    fn text(&mut self, _: &str, _: &[kiln_engine::request::TokenLogprob]) -> bool {
         true
     }
     fn is_closed(&self) -> bool {

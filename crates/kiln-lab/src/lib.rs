@@ -7,9 +7,11 @@ pub mod error;
 pub mod finetune;
 pub mod http;
 pub mod quantize;
+pub mod report;
 mod rng;
 
 pub use error::LabError;
+pub use report::Report;
 
 /// `~/x` → `$HOME/x`; other paths unchanged.
 pub fn expand_home(path: &str) -> std::path::PathBuf {

@@ -6,9 +6,10 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use kiln_lab::LabError;
+use kiln_lab::Report;
 use kiln_lab::dataset::llm::{ChatClient, ChatReply, ChatRequest};
 use kiln_lab::dataset::output::split_index;
-use kiln_lab::dataset::{self, Progress, Written};
+use kiln_lab::dataset::{self, Written};
 use kiln_lab::finetune::data::inspect_data_dir;
 use serde_json::{Map, Value, json};
 
@@ -61,7 +62,10 @@ struct Quiet {
     steps: usize,
 }
 
-impl Progress for Quiet {
+impl Report for Quiet {
+    fn stage(&mut self, _: &str, _: f64, _: &str) -> Result<(), LabError> {
+        Ok(())
+    }
     fn step(&mut self, _: usize, _: usize, _: &str) -> Result<(), LabError> {
         self.steps += 1;
         Ok(())

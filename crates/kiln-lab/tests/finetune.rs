@@ -8,8 +8,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use kiln_lab::LabError;
+use kiln_lab::Report;
 use kiln_lab::finetune::config::FinetuneConfig;
-use kiln_lab::finetune::run::{TrainReporter, finetune};
+use kiln_lab::finetune::run::finetune;
 use kiln_model::lora::LoraAdapter;
 use serde_json::{Value, json};
 
@@ -19,7 +20,7 @@ struct Collect {
     stop_after: Option<usize>,
 }
 
-impl TrainReporter for Collect {
+impl Report for Collect {
     fn stage(&mut self, _: &str, _: f64, _: &str) -> Result<(), LabError> {
         Ok(())
     }
@@ -439,7 +440,7 @@ fn a_fused_gguf_answers_like_the_base_with_its_adapter() {
     let dir = tempfile::tempdir().unwrap();
     // A Q8_0 base, so that re-encoding the merged matrices adds little noise of its own.
     struct Quiet;
-    impl kiln_lab::quantize::Reporter for Quiet {
+    impl kiln_lab::Report for Quiet {
         fn stage(&mut self, _: &str, _: f64, _: &str) -> Result<(), LabError> {
             Ok(())
         }

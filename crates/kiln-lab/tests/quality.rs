@@ -15,12 +15,13 @@ use std::process::Command;
 use kiln_engine::kv_scheme::{DenseDtype, KvScheme};
 use kiln_engine::{Engine, EngineOptions, load_model};
 use kiln_lab::LabError;
-use kiln_lab::quantize::{OutputFormat, QuantizeConfig, Reporter, quantize};
+use kiln_lab::Report;
+use kiln_lab::quantize::{OutputFormat, QuantizeConfig, quantize};
 use kiln_model::backend::cpu::{CpuBackend, CpuOptions};
 
 struct Quiet;
 
-impl Reporter for Quiet {
+impl Report for Quiet {
     fn stage(&mut self, _: &str, _: f64, _: &str) -> Result<(), LabError> {
         Ok(())
     }

@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use kiln_lab::LabError;
-use kiln_lab::quantize::{OutputFormat, QuantizeConfig, Reporter, quantize};
+use kiln_lab::Report;
+use kiln_lab::quantize::{OutputFormat, QuantizeConfig, quantize};
 use kiln_model::arch::{LogitsWanted, Model};
 use kiln_model::backend::cpu::{CpuBackend, CpuOptions};
 use kiln_model::backend::{Backend, BatchLayout, KvLayout};
@@ -27,7 +28,7 @@ struct Log {
     stop_at: Option<&'static str>,
 }
 
-impl Reporter for Log {
+impl Report for Log {
     fn stage(&mut self, name: &str, progress: f64, _message: &str) -> Result<(), LabError> {
         self.stages.push((name.into(), progress));
         if self.stop_at == Some(name) {

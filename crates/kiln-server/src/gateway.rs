@@ -159,7 +159,7 @@ impl<G: OneAtATime> Generator for Serial<G> {
         let Some((req, mut sink)) = self.queue.pop_front() else {
             return Ok(StepReport::default());
         };
-        let result = self.inner.generate(&req, &mut |t| sink.text(t));
+        let result = self.inner.generate(&req, &mut |t| sink.text(t, &[]));
         drop(permit);
         match result {
             Ok(out) => sink.finished(out),
@@ -185,10 +185,12 @@ impl<G: OneAtATime> Generator for Serial<G> {
 /// What the engine thread reports about one request.
 #[derive(Debug)]
 pub enum Event {
-    /// Text that is safe to show (stop strings and partial UTF-8 already held back).
-    Text(String),
-    /// The logprobs of the tokens behind the next `Text` (only when asked for).
-    Logprobs(Vec<kiln_engine::generate::TokenLogprob>),
+    /// Text that is safe to show (stop strings and partial UTF-8 already held back), with the
+    /// logprobs of the tokens behind it (empty unless asked for).
+    Text {
+        text: String,
+        logprobs: Vec<kiln_engine::request::TokenLogprob>,
+    },
     /// Generation finished (including cancelled).
     Done(Box<GenerateOutput>),
     /// Generation failed; the message is safe to show.
@@ -261,12 +263,12 @@ struct GatewaySink {
 }
 
 impl SequenceSink for GatewaySink {
-    fn text(&mut self, piece: &str) -> bool {
-        self.events.send(Event::Text(piece.to_owned())).is_ok()
-    }
-
-    fn logprobs(&mut self, entries: &[kiln_engine::generate::TokenLogprob]) {
-        let _ = self.events.send(Event::Logprobs(entries.to_vec()));
+    fn text(&mut self, piece: &str, logprobs: &[kiln_engine::request::TokenLogprob]) -> bool {
+        let event = Event::Text {
+            text: piece.to_owned(),
+            logprobs: logprobs.to_vec(),
+        };
+        self.events.send(event).is_ok()
     }
 
     fn is_closed(&self) -> bool {

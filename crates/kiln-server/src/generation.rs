@@ -127,7 +127,7 @@ pub async fn collect(
 ) -> Result<Box<GenerateOutput>, ApiError> {
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Text(_) | Event::Logprobs(_) => {}
+            Event::Text { .. } => {}
             Event::Done(out) => return Ok(out),
             Event::Failed(msg) => return Err(ApiError::internal(msg).flavor(flavor)),
         }
@@ -139,13 +139,10 @@ pub async fn collect(
 pub trait Framer: Send + 'static {
     /// Frames sent before any generated text.
     fn start(&mut self) -> String;
-    /// Frames for a piece of text (may be empty while text is held back).
-    fn text(&mut self, piece: &str) -> String;
-    /// The logprobs of the tokens behind the next piece of text (streams that report logprobs
-    /// send them with it; the rest ignore them).
-    fn logprobs(&mut self, entries: Vec<kiln_engine::generate::TokenLogprob>) {
-        let _ = entries;
-    }
+    /// Frames for a piece of text (may be empty while text is held back), given the logprobs
+    /// of the tokens behind it (streams that report logprobs send them with it; the rest
+    /// ignore them).
+    fn text(&mut self, piece: &str, logprobs: Vec<kiln_engine::request::TokenLogprob>) -> String;
     /// Closing frames.
     fn done(&mut self, out: &GenerateOutput) -> String;
     /// Frames reporting a failure mid-stream.
@@ -185,9 +182,8 @@ pub fn sse_response<F: Framer>(rx: UnboundedReceiver<Event>, framer: F) -> Respo
                 }
                 Phase::Running => loop {
                     match rx.recv().await {
-                        Some(Event::Logprobs(lp)) => framer.logprobs(lp),
-                        Some(Event::Text(t)) => {
-                            let f = framer.text(&t);
+                        Some(Event::Text { text, logprobs }) => {
+                            let f = framer.text(&text, logprobs);
                             if !f.is_empty() {
                                 break (f, Phase::Running);
                             }

@@ -22,18 +22,16 @@ pub use budget::KvBudget;
 pub use lane::Lane;
 
 use crate::EngineError;
-use crate::generate::{Engine, GenerateOutput, GenerateRequest};
+use crate::engine::Engine;
+use crate::request::{GenerateOutput, GenerateRequest};
 use crate::sequence::{Decoding, Next};
 
 /// Where one sequence's events go.
 pub trait SequenceSink: Send {
-    /// A piece of text safe to show; `false` when nobody listens any more (cancels).
-    fn text(&mut self, piece: &str) -> bool;
-    /// The logprobs of the tokens behind the next `text` piece (only when asked for; the
-    /// output at the end holds them all, including any whose text never came out).
-    fn logprobs(&mut self, entries: &[crate::generate::TokenLogprob]) {
-        let _ = entries;
-    }
+    /// A piece of text safe to show, with the logprobs of the tokens behind it (empty unless
+    /// asked for; the output at the end holds them all, including any whose text never came
+    /// out); `false` when nobody listens any more (cancels).
+    fn text(&mut self, piece: &str, logprobs: &[crate::request::TokenLogprob]) -> bool;
     /// Whether the listener left; polled every step, so a cancelled sequence frees its slot
     /// at the next step even while it prefills.
     fn is_closed(&self) -> bool;
@@ -41,18 +39,6 @@ pub trait SequenceSink: Send {
     fn finished(&mut self, out: GenerateOutput);
     /// The sequence failed; the message is safe to show.
     fn failed(&mut self, message: &str);
-}
-
-/// Hands released text, after its tokens' logprobs, to `sink`.
-fn forward(
-    sink: &mut dyn SequenceSink,
-    text: &str,
-    logprobs: &[crate::generate::TokenLogprob],
-) -> bool {
-    if !logprobs.is_empty() {
-        sink.logprobs(logprobs);
-    }
-    sink.text(text)
 }
 
 /// Decides whether a new sequence may start (`--job-policy exclusive`: not while a heavy job
@@ -343,7 +329,7 @@ impl<B: Backend> Engine<B> {
                 .park(slot, &seq.dec.history[..seq.computed], namespace);
         }
         let sink = &mut seq.sink;
-        match seq.dec.finish(&mut |t, lp| forward(sink.as_mut(), t, lp)) {
+        match seq.dec.finish(&mut |t, lp| sink.text(t, lp)) {
             Ok(out) => sink.finished(out),
             Err(e) => {
                 self.sched.stats.failed_total += 1;
@@ -473,9 +459,7 @@ impl<B: Backend> Engine<B> {
         let Some(cache) = self.prompt_cache.as_mut() else {
             return common;
         };
-        let s = &mut self.sched.slots.slots[slot];
-        let mut tokens = std::mem::take(&mut s.tokens);
-        let mut slot_namespace = std::mem::take(&mut s.namespace);
+        let (mut tokens, mut slot_namespace) = self.sched.slots.take_prefix(slot);
         let got = cache.swap_in(
             &mut self.kv,
             slot,
@@ -488,9 +472,7 @@ impl<B: Backend> Engine<B> {
         if got > 0 {
             self.sched.slots.wrote(slot, got);
         }
-        let s = &mut self.sched.slots.slots[slot];
-        s.tokens = tokens;
-        s.namespace = slot_namespace;
+        self.sched.slots.put_prefix(slot, tokens, slot_namespace);
         got
     }
 
@@ -585,7 +567,7 @@ impl<B: Backend> Engine<B> {
             }
             let row = &mut logits[k * vocab..(k + 1) * vocab];
             let Seq { dec, sink, .. } = seq;
-            match dec.accept(row, &mut |t, lp| forward(sink.as_mut(), t, lp)) {
+            match dec.accept(row, &mut |t, lp| sink.text(t, lp)) {
                 Ok(Next::Feed) => {}
                 Ok(Next::Done) => done.push((i, None)),
                 Err(e) => done.push((i, Some(e.to_string()))),
@@ -675,9 +657,8 @@ impl<B: Backend> Engine<B> {
         let Some(b) = &self.sched.budget else {
             return 0;
         };
-        let slots: u64 = (self.sched.slots.slots.iter().enumerate())
-            .filter(|&(i, s)| s.owner.is_none() && !s.tokens.is_empty() && Some(i) != keep)
-            .map(|(_, s)| b.slot_bytes(s.high_water))
+        let slots: u64 = (self.sched.slots.parked_high_water(keep))
+            .map(|(_, high_water)| b.slot_bytes(high_water))
             .sum();
         let cache = self
             .prompt_cache
@@ -695,20 +676,15 @@ impl<B: Backend> Engine<B> {
         let Some(b) = &self.sched.budget else {
             return 0;
         };
-        let slots: u64 = self
-            .sched
-            .slots
-            .slots
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
+        let slots: u64 = (0..self.sched.slots.len())
+            .map(|i| {
                 let grown = grows
                     .iter()
                     .filter(|g| g.0 == i)
                     .map(|g| g.1)
                     .max()
                     .unwrap_or(0);
-                b.slot_bytes(s.high_water.max(grown))
+                b.slot_bytes(self.sched.slots.high_water(i).max(grown))
             })
             .sum();
         let cache = self

@@ -5,23 +5,23 @@
 
 /// One KV slot.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Slot {
+struct Slot {
     /// Tokens whose KV a free slot holds (empty while owned: the owner's history says).
-    pub(crate) tokens: Vec<u32>,
+    tokens: Vec<u32>,
     /// The adapters `tokens` were computed with (`AdapterStack::namespace`, `""`: the base).
-    pub(crate) namespace: String,
+    namespace: String,
     /// The sequence using it.
-    pub(crate) owner: Option<u64>,
+    owner: Option<u64>,
     /// Most positions written since the slot was last released: what its pages hold.
-    pub(crate) high_water: usize,
+    high_water: usize,
     /// When it was last freed (a logical clock), for least-recently-used choice.
-    pub(crate) last_used: u64,
+    last_used: u64,
 }
 
 /// Every slot of the KV store.
 #[derive(Debug, Clone)]
 pub(crate) struct Slots {
-    pub(crate) slots: Vec<Slot>,
+    slots: Vec<Slot>,
     clock: u64,
 }
 
@@ -70,6 +70,73 @@ impl Slots {
             .map(|(i, _)| (i, 0))
     }
 
+    /// How many slots there are.
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether no sequence owns `slot`.
+    pub(crate) fn is_free(&self, slot: usize) -> bool {
+        self.slots[slot].owner.is_none()
+    }
+
+    /// The slot a report calls current: the first owned one, else the most recently freed.
+    pub(crate) fn current(&self) -> usize {
+        let slots = &self.slots;
+        slots
+            .iter()
+            .position(|s| s.owner.is_some())
+            .or_else(|| (0..slots.len()).max_by_key(|&i| slots[i].last_used))
+            .unwrap_or(0)
+    }
+
+    /// Keeps only the first `len` tokens of what `slot` records (benchmarks cutting the cache
+    /// back); a slot that does not exist is left alone.
+    pub(crate) fn truncate(&mut self, slot: usize, len: usize) {
+        if let Some(s) = self.slots.get_mut(slot) {
+            s.tokens.truncate(len);
+        }
+    }
+
+    /// Records that `slot` holds the KV of `tokens` computed in `namespace` (a raw forward,
+    /// with no sequence in flight).
+    pub(crate) fn record(&mut self, slot: usize, tokens: &[u32], namespace: &str) {
+        if let Some(s) = self.slots.get_mut(slot) {
+            s.tokens = tokens.to_vec();
+            s.namespace = namespace.to_string();
+        }
+    }
+
+    /// Takes `slot`'s recorded prefix and namespace out, to be edited by the prompt cache and
+    /// put back with [`Slots::put_prefix`].
+    pub(crate) fn take_prefix(&mut self, slot: usize) -> (Vec<u32>, String) {
+        let s = &mut self.slots[slot];
+        (
+            std::mem::take(&mut s.tokens),
+            std::mem::take(&mut s.namespace),
+        )
+    }
+
+    /// Puts back what [`Slots::take_prefix`] took, as the prompt cache left it.
+    pub(crate) fn put_prefix(&mut self, slot: usize, tokens: Vec<u32>, namespace: String) {
+        let s = &mut self.slots[slot];
+        s.tokens = tokens;
+        s.namespace = namespace;
+    }
+
+    /// `(slot, positions written)` of each free slot with a recorded prefix, but `except`:
+    /// what releasing them would give back.
+    pub(crate) fn parked_high_water(
+        &self,
+        except: Option<usize>,
+    ) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(move |&(i, s)| s.owner.is_none() && !s.tokens.is_empty() && Some(i) != except)
+            .map(|(i, s)| (i, s.high_water))
+    }
+
     /// Gives `slot` to sequence `owner`.
     pub(crate) fn claim(&mut self, slot: usize, owner: u64) {
         let s = &mut self.slots[slot];
@@ -105,6 +172,11 @@ impl Slots {
         }
     }
 
+    /// Most positions written to `slot` since its pages were last given back.
+    pub(crate) fn high_water(&self, slot: usize) -> usize {
+        self.slots[slot].high_water
+    }
+
     /// Whether `slot` holds pages a release could give back.
     pub(crate) fn holds_pages(&self, slot: usize) -> bool {
         self.slots[slot].high_water > 0
@@ -112,11 +184,8 @@ impl Slots {
 
     /// The free slot holding pages that was used longest ago.
     pub(crate) fn least_recent_parked(&self, except: Option<usize>) -> Option<usize> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|&(i, s)| s.owner.is_none() && !s.tokens.is_empty() && Some(i) != except)
-            .min_by_key(|(_, s)| s.last_used)
+        self.parked_high_water(except)
+            .min_by_key(|&(i, _)| self.slots[i].last_used)
             .map(|(i, _)| i)
     }
 

@@ -8,8 +8,9 @@ use std::sync::{Arc, OnceLock};
 use kiln_jobs::{ExecMode, JobContext, JobRunner, RunError, RunOutput};
 use serde_json::{Map, Value};
 
-use super::{HttpChat, Loopback, Progress};
+use super::{HttpChat, Loopback};
 use crate::LabError;
+use crate::report::JobReport;
 
 /// Where the server listens, set once it is bound (a port of 0 is only known then).
 pub type LoopbackCell = Arc<OnceLock<Loopback>>;
@@ -146,25 +147,6 @@ fn check_output(dir: &Path) -> Result<(), LabError> {
     Ok(())
 }
 
-/// Reports a template's progress as `generating` stages between 0.05 and 0.95.
-struct JobProgress<'a>(&'a JobContext);
-
-impl Progress for JobProgress<'_> {
-    fn step(&mut self, done: usize, total: usize, what: &str) -> Result<(), LabError> {
-        let p = 0.05 + 0.9 * done as f64 / total.max(1) as f64;
-        let msg = format!("{done}/{total} {what}");
-        self.0
-            .stage("generating", Some(p), Some(&msg))
-            .map_err(|_| LabError::Cancelled)
-    }
-
-    fn warn(&mut self, message: &str) {
-        let _ = self
-            .0
-            .emit(kiln_jobs::event::log(&format!("warning: {message}")));
-    }
-}
-
 impl JobRunner for DatasetRunner {
     fn mode(&self) -> ExecMode {
         ExecMode::InProcess
@@ -200,7 +182,7 @@ impl JobRunner for DatasetRunner {
             c
         });
         let llm = client.as_ref().map(|c| c as &dyn super::ChatClient);
-        let result = super::build(&p.def, &p.inputs, &p.output_dir, llm, &mut JobProgress(ctx));
+        let result = super::build(&p.def, &p.inputs, &p.output_dir, llm, &mut JobReport(ctx));
         let written = match result {
             Err(LabError::Cancelled) => {
                 return Err(Box::new(ctx.check().err().unwrap_or(

@@ -21,14 +21,6 @@ pub use templates::{Inputs, TemplateDef};
 
 use crate::LabError;
 
-/// Where a template reports as it goes.
-pub trait Progress {
-    /// `done` of `total` units finished; `what` says what the next one is.
-    fn step(&mut self, done: usize, total: usize, what: &str) -> Result<(), LabError>;
-    /// Something the user should know that does not stop the run.
-    fn warn(&mut self, message: &str);
-}
-
 /// What a template runs with.
 pub struct Gen<'a> {
     /// The checked inputs.
@@ -36,7 +28,7 @@ pub struct Gen<'a> {
     /// The model, for the LLM templates.
     pub llm: &'a dyn ChatClient,
     /// Where progress goes.
-    pub progress: &'a mut dyn Progress,
+    pub progress: &'a mut dyn crate::Report,
 }
 
 /// Checks `inputs` against the template `template_id`.
@@ -64,7 +56,7 @@ pub fn check(
 pub fn precheck(def: &TemplateDef, inputs: &Inputs) -> Result<(), LabError> {
     match def.id {
         "sft_qa_pairs" | "dpo_pref_pairs" | "format_conversion" => {
-            match generate(def, inputs, None, &mut NoProgress) {
+            match generate(def, inputs, None, &mut crate::report::Silent) {
                 Err(e @ LabError::Config { .. }) => Err(e),
                 _ => Ok(()),
             }
@@ -75,21 +67,12 @@ pub fn precheck(def: &TemplateDef, inputs: &Inputs) -> Result<(), LabError> {
     }
 }
 
-struct NoProgress;
-
-impl Progress for NoProgress {
-    fn step(&mut self, _: usize, _: usize, _: &str) -> Result<(), LabError> {
-        Ok(())
-    }
-    fn warn(&mut self, _: &str) {}
-}
-
 /// Runs `def` on `inputs`; `llm` must be given for a template with `llm: true`.
 pub fn generate(
     def: &TemplateDef,
     inputs: &Inputs,
     llm: Option<&dyn ChatClient>,
-    progress: &mut dyn Progress,
+    progress: &mut dyn crate::Report,
 ) -> Result<Vec<Row>, LabError> {
     let rows = match def.id {
         "sft_qa_pairs" => local::qa_pairs(inputs),
@@ -140,7 +123,7 @@ pub fn build(
     inputs: &Inputs,
     out_dir: &Path,
     llm: Option<&dyn ChatClient>,
-    progress: &mut dyn Progress,
+    progress: &mut dyn crate::Report,
 ) -> Result<Written, LabError> {
     let rows = generate(def, inputs, llm, progress)?;
     output::write_split(out_dir, &rows)

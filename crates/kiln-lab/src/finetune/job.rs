@@ -8,9 +8,10 @@ use kiln_jobs::{ExecMode, JobContext, JobRunner, RunError, RunOutput};
 use serde_json::{Map, Value};
 
 use super::config::FinetuneConfig;
-use super::run::{TrainReporter, finetune};
+use super::run::finetune;
 use crate::LabError;
 use crate::quantize::job::Resolver;
+use crate::report::JobReport;
 
 /// Runs `finetune` jobs; adapters go under `adapters_dir` when the config names no
 /// `adapter_path`.
@@ -50,30 +51,6 @@ fn default_adapter(dir: &Path) -> PathBuf {
     dir.join(format!("adapter-{}", kiln_jobs::event::now_ms()))
 }
 
-struct JobReporter<'a>(&'a JobContext);
-
-impl TrainReporter for JobReporter<'_> {
-    fn stage(&mut self, name: &str, progress: f64, message: &str) -> Result<(), LabError> {
-        self.0
-            .stage(name, Some(progress), Some(message))
-            .map_err(|_| LabError::Cancelled)
-    }
-
-    fn metric(&mut self, metric: Value) -> Result<(), LabError> {
-        self.0.emit(metric).map_err(|_| LabError::Cancelled)
-    }
-
-    fn warn(&mut self, message: &str) {
-        let _ = self
-            .0
-            .emit(kiln_jobs::event::log(&format!("warning: {message}")));
-    }
-
-    fn stop_requested(&self) -> bool {
-        self.0.stop_requested()
-    }
-}
-
 impl JobRunner for FinetuneRunner {
     fn mode(&self) -> ExecMode {
         ExecMode::Child
@@ -108,7 +85,7 @@ impl JobRunner for FinetuneRunner {
     fn run(&self, ctx: &JobContext, config: &Map<String, Value>) -> Result<RunOutput, RunError> {
         let cfg = FinetuneConfig::from_json(config)?;
         let model = self.model_path(&cfg.model_dir)?;
-        let report = finetune(&cfg, &model, &mut JobReporter(ctx)).map_err(|e| match e {
+        let report = finetune(&cfg, &model, &mut JobReport(ctx)).map_err(|e| match e {
             LabError::Cancelled => Box::new(kiln_jobs::Cancelled {
                 reason: "cancelled".into(),
             }) as RunError,

@@ -18,19 +18,7 @@ use super::adapter_out::adapter_from_params;
 use super::config::{DpoLoss, FinetuneConfig, LrSchedule, MethodName, SftScopeName};
 use super::data::{self, Dataset, Examples, Tokenize};
 use super::plan::{lora_plan, read_metadata};
-use crate::LabError;
-
-/// Where a run reports: stages, metrics and warnings; `Err` (cancellation) stops it.
-pub trait TrainReporter {
-    /// A stage with its progress in 0..=1.
-    fn stage(&mut self, name: &str, progress: f64, message: &str) -> Result<(), LabError>;
-    /// A `metric` event (`kind`, `step`, `loss`, …).
-    fn metric(&mut self, metric: Value) -> Result<(), LabError>;
-    /// A warning for the log.
-    fn warn(&mut self, message: &str);
-    /// Whether a stop-and-save was requested.
-    fn stop_requested(&self) -> bool;
-}
+use crate::{LabError, Report};
 
 /// What a run produced.
 #[derive(Debug, Clone, Serialize)]
@@ -193,7 +181,7 @@ fn check_format(cfg: &FinetuneConfig, train: &Dataset) -> Result<(), LabError> {
 pub fn finetune(
     cfg: &FinetuneConfig,
     model_path: &Path,
-    rep: &mut dyn TrainReporter,
+    rep: &mut dyn Report,
 ) -> Result<TrainReport, LabError> {
     let started = Instant::now();
     rep.stage("loading", 0.0, "loading the base model")?;
@@ -344,7 +332,7 @@ impl<'a> Loop<'a> {
         })
     }
 
-    fn record(&mut self, rep: &mut dyn TrainReporter, metric: Value) -> Result<(), LabError> {
+    fn record(&mut self, rep: &mut dyn Report, metric: Value) -> Result<(), LabError> {
         let mut line = serde_json::to_vec(&metric).unwrap_or_default();
         line.push(b'\n');
         let path = self.cfg.adapter_path.join("metrics.jsonl");
@@ -354,7 +342,7 @@ impl<'a> Loop<'a> {
         rep.metric(metric)
     }
 
-    fn run(&mut self, trainer: &mut Trainer, rep: &mut dyn TrainReporter) -> Result<(), LabError> {
+    fn run(&mut self, trainer: &mut Trainer, rep: &mut dyn Report) -> Result<(), LabError> {
         let iters = self.cfg.iters;
         rep.stage("training", 0.05, &format!("{iters} steps"))?;
         // The base's validation loss first, so that every curve starts where training did.
@@ -392,7 +380,7 @@ impl<'a> Loop<'a> {
 
     fn report_train(
         &mut self,
-        rep: &mut dyn TrainReporter,
+        rep: &mut dyn Report,
         step: u64,
         lr: f64,
         grad_norm: f64,
@@ -418,7 +406,7 @@ impl<'a> Loop<'a> {
     fn validate(
         &mut self,
         trainer: &Trainer,
-        rep: &mut dyn TrainReporter,
+        rep: &mut dyn Report,
         step: u64,
     ) -> Result<(), LabError> {
         let Some(valid) = self.valid else {

@@ -9,8 +9,9 @@ use kiln_jobs::{ExecMode, JobContext, JobRunner, RunError, RunOutput};
 use serde_json::{Map, Value};
 
 use super::config::{OutputFormat, QuantizeConfig};
-use super::run::{Reporter, quantize};
+use super::run::quantize;
 use crate::LabError;
+use crate::report::JobReport;
 
 /// Looks a model name up without downloading anything.
 pub type Resolver = Arc<dyn Fn(&str) -> Option<PathBuf> + Send + Sync>;
@@ -66,27 +67,6 @@ fn default_output(dir: &Path, source: &Path, format: OutputFormat, suffix: &str)
     }
 }
 
-struct JobReporter<'a>(&'a JobContext);
-
-impl Reporter for JobReporter<'_> {
-    fn stage(&mut self, name: &str, progress: f64, message: &str) -> Result<(), LabError> {
-        self.0
-            .stage(name, Some(progress), Some(message))
-            .map_err(|_| LabError::Cancelled)
-    }
-
-    fn warn(&mut self, message: &str) {
-        let _ = self
-            .0
-            .emit(kiln_jobs::event::log(&format!("warning: {message}")));
-    }
-
-    fn metric(&mut self, mut metric: Value) -> Result<(), LabError> {
-        metric["ts"] = kiln_jobs::event::now_ms().into();
-        self.0.emit(metric).map_err(|_| LabError::Cancelled)
-    }
-}
-
 /// The `evaluating` stage: the result's KL/top-1 against the source, as a `metric{kind:"eval"}`
 /// event and the summary's `eval`.
 fn evaluate(ctx: &JobContext, cfg: &QuantizeConfig, output: &Path) -> Result<Value, RunError> {
@@ -123,7 +103,7 @@ impl JobRunner for QuantizeRunner {
         let cfg = self.parse(&config).map_err(|e| e.to_string())?;
         // Headers only: a target the candidates cannot reach is refused before a row exists.
         let files = kiln_model::files::ModelFiles::open(&cfg.source).map_err(|e| e.to_string())?;
-        super::run::check_target_reachable(&cfg, &files.config).map_err(|e| e.to_string())?;
+        super::assign::check_target_reachable(&cfg, &files.config).map_err(|e| e.to_string())?;
         let out = cfg.out.display().to_string();
         config.insert("out_dir".into(), Value::String(out.clone()));
         Ok((config, Some(out)))
@@ -131,7 +111,7 @@ impl JobRunner for QuantizeRunner {
 
     fn run(&self, ctx: &JobContext, config: &Map<String, Value>) -> Result<RunOutput, RunError> {
         let cfg = self.parse(config)?;
-        let report = quantize(&cfg, &mut JobReporter(ctx)).map_err(|e| match e {
+        let report = quantize(&cfg, &mut JobReport(ctx)).map_err(|e| match e {
             LabError::Cancelled => Box::new(kiln_jobs::Cancelled {
                 reason: "cancelled".into(),
             }) as RunError,

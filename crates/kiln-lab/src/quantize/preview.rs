@@ -66,7 +66,7 @@ pub fn preview(
         return Err(LabError::config("model_id", msg));
     }
     let files = ModelFiles::open(&cfg.source)?;
-    super::run::check_target_reachable(&cfg, &files.config)?;
+    super::assign::check_target_reachable(&cfg, &files.config)?;
     let (mut params, mut bits) = (0u64, 0f64);
     let float_bits = if cfg.format == OutputFormat::Mlx {
         16.0

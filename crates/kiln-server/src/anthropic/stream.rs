@@ -111,7 +111,7 @@ impl Framer for MessagesFramer {
         )
     }
 
-    fn text(&mut self, piece: &str) -> String {
+    fn text(&mut self, piece: &str, _logprobs: Vec<kiln_engine::request::TokenLogprob>) -> String {
         let deltas = self.turn.push(piece);
         self.deltas(deltas)
     }

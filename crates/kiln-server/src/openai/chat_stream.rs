@@ -2,7 +2,7 @@
 //! (usage) → `[DONE]`, rendered from the typed turn.
 
 use kiln_engine::GenerateOutput;
-use kiln_engine::generate::TokenLogprob;
+use kiln_engine::request::TokenLogprob;
 use serde_json::{Value, json};
 
 use super::usage;
@@ -106,15 +106,12 @@ impl Framer for ChatFramer {
         self.chunk(json!({"role": "assistant", "content": ""}), None)
     }
 
-    fn text(&mut self, piece: &str) -> String {
+    fn text(&mut self, piece: &str, logprobs: Vec<TokenLogprob>) -> String {
+        if self.logprobs {
+            self.pending.extend(logprobs);
+        }
         let deltas = self.turn.push(piece);
         self.deltas(deltas)
-    }
-
-    fn logprobs(&mut self, entries: Vec<TokenLogprob>) {
-        if self.logprobs {
-            self.pending.extend(entries);
-        }
     }
 
     fn done(&mut self, out: &GenerateOutput) -> String {

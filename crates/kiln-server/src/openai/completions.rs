@@ -175,7 +175,7 @@ struct CompletionFramer {
     /// Legacy `logprobs` (alternatives per token), when asked for.
     top: Option<usize>,
     /// Logprobs of tokens whose text has not gone out yet.
-    pending: Vec<kiln_engine::generate::TokenLogprob>,
+    pending: Vec<kiln_engine::request::TokenLogprob>,
     /// Logprob entries already sent.
     sent: usize,
     /// `text_offset` of the next token.
@@ -207,14 +207,11 @@ impl Framer for CompletionFramer {
         String::new()
     }
 
-    fn text(&mut self, piece: &str) -> String {
-        self.chunk(piece)
-    }
-
-    fn logprobs(&mut self, entries: Vec<kiln_engine::generate::TokenLogprob>) {
+    fn text(&mut self, piece: &str, logprobs: Vec<kiln_engine::request::TokenLogprob>) -> String {
         if self.top.is_some() {
-            self.pending.extend(entries);
+            self.pending.extend(logprobs);
         }
+        self.chunk(piece)
     }
 
     fn done(&mut self, out: &GenerateOutput) -> String {

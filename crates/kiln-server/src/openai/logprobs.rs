@@ -1,7 +1,7 @@
 //! Log-probabilities in OpenAI's shapes (chosen over mlx_lm's id-keyed shape so the official
 //! SDKs parse them; see docs/server.md).
 
-use kiln_engine::generate::TokenLogprob;
+use kiln_engine::request::TokenLogprob;
 use kiln_model::tokenizer::KilnTokenizer;
 use serde_json::{Map, Value, json};
 

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use kiln_lab::LabError;
-use kiln_lab::dataset::{self, HttpChat, Loopback, Progress};
+use kiln_lab::Report;
+use kiln_lab::dataset::{self, HttpChat, Loopback};
 use serde_json::{Map, Value};
 
 /// `kiln dataset`.
@@ -43,7 +44,12 @@ pub struct DatasetArgs {
 /// Progress lines on stderr.
 struct Console;
 
-impl Progress for Console {
+impl Report for Console {
+    fn stage(&mut self, name: &str, _progress: f64, message: &str) -> Result<(), LabError> {
+        eprintln!("{name}: {message}");
+        Ok(())
+    }
+
     fn step(&mut self, done: usize, total: usize, what: &str) -> Result<(), LabError> {
         eprintln!("[{done}/{total}] {what}");
         Ok(())

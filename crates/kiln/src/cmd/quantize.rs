@@ -6,8 +6,9 @@ use anyhow::{Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_lab::LabError;
+use kiln_lab::Report;
 use kiln_lab::quantize::config::parse_gguf_type;
-use kiln_lab::quantize::{OutputFormat, QuantizeConfig, Reporter, quantize};
+use kiln_lab::quantize::{OutputFormat, QuantizeConfig, quantize};
 
 use crate::common::{resolve, set_threads};
 
@@ -68,7 +69,7 @@ struct BarReporter {
     bar: ProgressBar,
 }
 
-impl Reporter for BarReporter {
+impl Report for BarReporter {
     fn stage(&mut self, name: &str, progress: f64, message: &str) -> Result<(), LabError> {
         self.bar.set_position((progress * 1000.0) as u64);
         self.bar.set_message(format!("{name}: {message}"));

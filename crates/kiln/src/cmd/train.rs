@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use kiln_lab::LabError;
+use kiln_lab::Report;
 use kiln_lab::finetune::config::FinetuneConfig;
-use kiln_lab::finetune::run::{TrainReporter, finetune};
+use kiln_lab::finetune::run::finetune;
 use serde_json::{Map, Value, json};
 
 use crate::common::{resolve, set_threads};
@@ -59,7 +60,7 @@ pub struct TrainArgs {
 
 struct PrintReporter;
 
-impl TrainReporter for PrintReporter {
+impl Report for PrintReporter {
     fn stage(&mut self, name: &str, _progress: f64, message: &str) -> Result<(), LabError> {
         eprintln!("{name}: {message}");
         Ok(())
@@ -83,10 +84,6 @@ impl TrainReporter for PrintReporter {
 
     fn warn(&mut self, message: &str) {
         eprintln!("warning: {message}");
-    }
-
-    fn stop_requested(&self) -> bool {
-        false
     }
 }
 

@@ -361,7 +361,7 @@ impl Framer for ResponsesFramer {
         f
     }
 
-    fn text(&mut self, piece: &str) -> String {
+    fn text(&mut self, piece: &str, _logprobs: Vec<kiln_engine::request::TokenLogprob>) -> String {
         let deltas = self.turn.push(piece);
         self.deltas(deltas)
     }

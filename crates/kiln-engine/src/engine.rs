@@ -1,5 +1,5 @@
-//! The generation loop: chunked prefill (reusing the slot's common prefix), then decode with
-//! sampling, EOS, stop strings and incremental detokenization.
+//! The engine: a loaded model, its KV store and the scheduler that shares the store between
+//! sequences (`crate::sched` runs the steps); `generate` runs one request to its end.
 
 use std::sync::{Arc, Mutex};
 
@@ -12,10 +12,9 @@ use crate::kv_scheme::memory::KvGeometry;
 use crate::kv_scheme::{DenseDtype, KvModelShape, KvScheme};
 use crate::load::LoadedModel;
 use crate::prompt_cache::{PromptCache, PromptCacheStats};
-use crate::sampler::SamplingParams;
+use crate::request::{GenerateOutput, GenerateRequest, TokenLogprob};
 use crate::sched::{KvBudget, Lane, Scheduler, SequenceSink};
 use crate::sequence::check_fits;
-use crate::stats::GenerationStats;
 
 /// Engine-wide settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,67 +69,6 @@ pub struct KvReport {
     pub bytes: usize,
     /// Bytes reserved for the cache (committed only as written).
     pub reserved_bytes: usize,
-}
-
-/// One generation request, already tokenized.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct GenerateRequest {
-    /// Prompt token ids.
-    pub prompt: Vec<u32>,
-    /// Most tokens to generate.
-    pub max_tokens: usize,
-    /// Sampler settings.
-    pub sampling: SamplingParams,
-    /// Stop strings, matched on decoded text.
-    pub stop: Vec<String>,
-    /// Keep going past EOS tokens (benchmarks).
-    pub ignore_eos: bool,
-    /// The LoRA adapters it runs with (`None`: the base model), resolved when the request was
-    /// made: the sequence keeps them to its end even if they are unmounted meanwhile.
-    pub adapters: Option<Arc<AdapterStack>>,
-    /// Constrains the output to a grammar (structured output); `None`: free text.
-    pub grammar: Option<crate::structured::Grammar>,
-}
-
-/// Why generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// An EOS token or a stop string.
-    Stop,
-    /// `max_tokens` or the context was reached.
-    #[default]
-    Length,
-    /// The caller asked to stop.
-    Cancelled,
-}
-
-/// Log-probabilities of one generated token.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct TokenLogprob {
-    /// The token.
-    pub id: u32,
-    /// Its log-probability.
-    pub logprob: f32,
-    /// The most likely alternatives, descending.
-    pub top: Vec<(u32, f32)>,
-}
-
-/// The result of a generation.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct GenerateOutput {
-    /// Generated ids (EOS excluded; tokens after a stop-string match included).
-    pub tokens: Vec<u32>,
-    /// Generated text, up to (not including) a matched stop string.
-    pub text: String,
-    /// Why it ended.
-    pub finish_reason: FinishReason,
-    /// Index of the stop string that matched, if one did.
-    pub stop_index: Option<usize>,
-    /// Per-token log-probabilities, when asked for.
-    pub logprobs: Vec<TokenLogprob>,
-    /// Timings and memory.
-    pub stats: GenerationStats,
 }
 
 /// A loaded model with its KV slots and the scheduler that shares them between sequences
@@ -225,12 +163,7 @@ impl<B: Backend> Engine<B> {
     pub fn kv_report(&self) -> KvReport {
         let scheme = &self.options.kv_scheme;
         let plan = scheme.plan(&KvModelShape::from_config(&self.model.config));
-        let slots = &self.sched.slots.slots;
-        let current = slots
-            .iter()
-            .position(|s| s.owner.is_some())
-            .or_else(|| (0..slots.len()).max_by_key(|&i| slots[i].last_used))
-            .unwrap_or(0);
+        let current = self.sched.slots.current();
         let n = self.kv.layout().n_slots;
         KvReport {
             scheme: scheme.cache_key(),
@@ -276,8 +209,8 @@ impl<B: Backend> Engine<B> {
 
     /// Forgets every free slot's prefix (running sequences keep theirs).
     pub fn reset(&mut self) {
-        for slot in 0..self.sched.slots.slots.len() {
-            if self.sched.slots.slots[slot].owner.is_none() {
+        for slot in 0..self.sched.slots.len() {
+            if self.sched.slots.is_free(slot) {
                 let freed = self.kv.release(slot);
                 self.sched.slots.released(slot, freed);
             }
@@ -287,15 +220,13 @@ impl<B: Backend> Engine<B> {
     /// Cuts slot 0 back to its first `len` positions (benchmarks); converted layers stay
     /// converted, as they do when a prompt reuses a prefix.
     pub fn truncate_cache(&mut self, len: usize) {
-        self.sched.slots.slots[0].tokens.truncate(len);
+        self.sched.slots.truncate(0, len);
         self.kv.set_seq_len(0, len.min(self.kv.seq_len(0)));
     }
 
     /// Cuts `slot` back to its first `len` positions (benchmarks of batched decode).
     pub fn truncate_slot(&mut self, slot: usize, len: usize) {
-        if let Some(s) = self.sched.slots.slots.get_mut(slot) {
-            s.tokens.truncate(len);
-        }
+        self.sched.slots.truncate(slot, len);
         self.kv.set_seq_len(slot, len.min(self.kv.seq_len(slot)));
     }
 
@@ -308,7 +239,7 @@ impl<B: Backend> Engine<B> {
         batch: &BatchLayout,
     ) -> Result<Vec<f32>, EngineError> {
         self.refuse_while_busy()?;
-        self.sched.slots.slots[0].tokens.clear();
+        self.sched.slots.truncate(0, 0);
         self.forward_batch(tokens, batch)
     }
 
@@ -320,7 +251,7 @@ impl<B: Backend> Engine<B> {
         adapters: Option<&AdapterStack>,
     ) -> Result<Vec<f32>, EngineError> {
         self.refuse_while_busy()?;
-        self.sched.slots.slots[0].tokens.clear();
+        self.sched.slots.truncate(0, 0);
         self.forward_batch_with(tokens, batch, adapters)
     }
 
@@ -347,9 +278,7 @@ impl<B: Backend> Engine<B> {
         self.check_adapters(adapters)?;
         let stacks = vec![adapters; batch.spans.len()];
         for span in &batch.spans {
-            if let Some(s) = self.sched.slots.slots.get_mut(span.slot) {
-                s.tokens.clear();
-            }
+            self.sched.slots.truncate(span.slot, 0);
         }
         self.forward_spans(tokens, batch, LogitsWanted::LastOfEach, &stacks)
     }
@@ -414,9 +343,8 @@ impl<B: Backend> Engine<B> {
             let batch = BatchLayout::single(0, i * chunk, part.len());
             out.extend(self.forward_spans(part, &batch, LogitsWanted::All, &[adapters])?);
         }
-        let slot = &mut self.sched.slots.slots[0];
-        slot.tokens = tokens.to_vec();
-        slot.namespace = adapters.map_or_else(String::new, |a| a.namespace().to_string());
+        let namespace = adapters.map_or("", |a| a.namespace());
+        self.sched.slots.record(0, tokens, namespace);
         Ok(out)
     }
 
@@ -501,7 +429,7 @@ impl CollectSink {
 }
 
 impl SequenceSink for CollectSink {
-    fn text(&mut self, piece: &str) -> bool {
+    fn text(&mut self, piece: &str, _logprobs: &[TokenLogprob]) -> bool {
         self.with(|c| {
             c.pieces.push(piece.to_owned());
             !c.closed
