@@ -132,10 +132,10 @@ impl RepackedMatrix {
     }
 
     /// Repacks `bytes` (`rows` rows of `cols` elements of `ty`, file layout), a Q5_0 matrix's
-    /// fifth bits laid out as `fifth_bits` (every level runs either): copied once to huge-page
-    /// storage, then rearranged there in place (group `g` takes exactly the bytes of rows
-    /// `16g..16g + 16`, so only one group's worth is copied aside at a time). An error if `ty`
-    /// has no interleaved layout or the size is wrong.
+    /// fifth bits laid out as `fifth_bits` (every level runs either): each group of 16 rows
+    /// packed from `bytes` into fresh huge-page storage (group `g` takes exactly the bytes of
+    /// rows `16g..16g + 16`), the groups spread over the pool. An error if `ty` has no
+    /// interleaved layout or the size is wrong.
     pub fn with_fifth_bits(
         fifth_bits: FifthBits,
         ty: GgmlType,
@@ -146,21 +146,22 @@ impl RepackedMatrix {
         let fb = file_block_bytes(ty).ok_or(KernelError::Unsupported { op: "repack", ty })?;
         let rb = QMatrix::new(ty, rows, cols, &bytes)?.row_bytes();
         let stripe = GROUP_ROWS * rb;
-        // Padding rows are zero blocks, in either layout. The copy goes to huge pages (see
-        // `arena`); the file's bytes are released as soon as it is made.
+        // Padding rows are zero blocks, in either layout, so the fresh (zero) storage already
+        // holds them. The groups are packed straight from the file's bytes into huge pages
+        // (see `arena`) on the pool: the first touch of those pages, which on some VMs costs
+        // more than the packing, is then spread over the threads too.
         let padded = rows.div_ceil(GROUP_ROWS) * stripe;
-        let mut data = WeightBuf::copy_of(&bytes, padded.saturating_sub(bytes.len()));
-        drop(bytes);
-        let mut file = vec![0u8; stripe];
-        for group in data.chunks_exact_mut(stripe.max(1)) {
-            file.copy_from_slice(group);
-            group.fill(0);
+        let mut data = WeightBuf::zeroed(padded);
+        crate::pool::for_each_chunk_mut(&mut data, stripe.max(1), 1, |g, group| {
+            let start = (g * stripe).min(bytes.len());
+            let file = &bytes[start..(start + stripe).min(bytes.len())];
             for (k, row) in file.chunks_exact(rb.max(1)).enumerate() {
                 for (blk, dst) in row.chunks_exact(fb).zip(group.chunks_exact_mut(16 * fb)) {
                     pack(ty, fifth_bits, k, blk, dst);
                 }
             }
-        }
+        });
+        drop(bytes);
         Ok(Self {
             ty,
             fifth_bits,
