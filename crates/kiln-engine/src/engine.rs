@@ -238,9 +238,7 @@ impl<B: Backend> Engine<B> {
         tokens: &[u32],
         batch: &BatchLayout,
     ) -> Result<Vec<f32>, EngineError> {
-        self.refuse_while_busy()?;
-        self.sched.slots.truncate(0, 0);
-        self.forward_batch(tokens, batch)
+        self.forward_raw_with(tokens, batch, None)
     }
 
     /// [`Engine::forward_raw`] with `adapters` on every span (benchmarks).

@@ -189,13 +189,7 @@ async fn bad_input_is_400_with_a_message_and_no_row() {
 /// Sends `limit` bytes of chunks and then one more byte, and reads the reply; the server has
 /// read everything sent by the time it refuses, so its close cannot reset the reply away.
 fn raw_chunked_post(addr: SocketAddr, limit: usize) -> String {
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    let head = format!(
-        "POST /api/jobs HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
-    );
-    s.write_all(head.as_bytes()).expect("write");
+    let mut s = post_head(addr, "transfer-encoding: chunked");
     let chunk = vec![b' '; 64 << 10];
     for _ in 0..limit / chunk.len() {
         s.write_all(b"10000\r\n").expect("write");
@@ -203,25 +197,28 @@ fn raw_chunked_post(addr: SocketAddr, limit: usize) -> String {
         s.write_all(b"\r\n").expect("write");
     }
     s.write_all(b"1\r\n \r\n").expect("write");
-    let mut reply = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&reply).contains("too large") {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => reply.extend_from_slice(&buf[..n]),
-        }
-    }
-    String::from_utf8_lossy(&reply).into_owned()
+    read_refusal(s)
 }
 
+/// Declares a `len`-byte body, sends none of it, and reads the reply.
 fn raw_post(addr: SocketAddr, len: usize) -> String {
+    read_refusal(post_head(addr, &format!("content-length: {len}")))
+}
+
+/// A connection with the head of a JSON `POST /api/jobs` sent, `framing` its body header.
+fn post_head(addr: SocketAddr, framing: &str) -> std::net::TcpStream {
     let mut s = std::net::TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
     let head = format!(
-        "POST /api/jobs HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+        "POST /api/jobs HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n{framing}\r\n\r\n"
     );
     s.write_all(head.as_bytes()).expect("write");
+    s
+}
+
+/// The reply, read until it says "too large" or the connection ends.
+fn read_refusal(mut s: std::net::TcpStream) -> String {
     let mut reply = Vec::new();
     let mut buf = [0u8; 4096];
     while !String::from_utf8_lossy(&reply).contains("too large") {

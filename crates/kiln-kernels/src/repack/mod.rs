@@ -146,16 +146,19 @@ impl RepackedMatrix {
         let fb = file_block_bytes(ty).ok_or(KernelError::Unsupported { op: "repack", ty })?;
         let rb = QMatrix::new(ty, rows, cols, &bytes)?.row_bytes();
         let stripe = GROUP_ROWS * rb;
-        // Padding rows are zero blocks, in either layout, so the fresh (zero) storage already
-        // holds them. The groups are packed straight from the file's bytes into huge pages
-        // (see `arena`) on the pool: the first touch of those pages, which on some VMs costs
-        // more than the packing, is then spread over the threads too.
+        // The groups are packed straight from the file's bytes into huge pages (see `arena`)
+        // on the pool: the first touch of those pages, which on some VMs costs more than the
+        // packing, is then spread over the threads too. The last group's padding rows are
+        // packed from zero blocks (a zero scale: their outputs are zero), as the file's rows
+        // are, since a packed zero block is not all zero bytes in every layout (Q8_0 flips
+        // its codes' sign bit).
         let padded = rows.div_ceil(GROUP_ROWS) * stripe;
         let mut data = WeightBuf::zeroed(padded);
+        let zero_row = vec![0u8; rb];
         crate::pool::for_each_chunk_mut(&mut data, stripe.max(1), 1, |g, group| {
-            let start = (g * stripe).min(bytes.len());
-            let file = &bytes[start..(start + stripe).min(bytes.len())];
-            for (k, row) in file.chunks_exact(rb.max(1)).enumerate() {
+            for k in 0..GROUP_ROWS {
+                let start = (g * GROUP_ROWS + k) * rb;
+                let row = bytes.get(start..start + rb).unwrap_or(&zero_row);
                 for (blk, dst) in row.chunks_exact(fb).zip(group.chunks_exact_mut(16 * fb)) {
                     pack(ty, fifth_bits, k, blk, dst);
                 }
@@ -784,6 +787,21 @@ mod tests {
             }
             assert!(w.dequantize_row(rows, &mut got).is_err());
             assert!(w.dequantize_row(0, &mut got[1..]).is_err());
+        }
+    }
+
+    #[test]
+    fn padding_rows_are_packed_zero_blocks() {
+        // A 37-row matrix pads its last group with 11 rows: they must hold what packing zero
+        // file blocks gives (not zero bytes: Q8_0 flips its codes), as if the file had them.
+        for ty in TYPES {
+            let (rows, cols) = (37, cols_for(ty, 96) * 2);
+            let (mut data, _) = matrix(ty, rows, cols, 3);
+            let rb = data.len() / rows;
+            let ragged = RepackedMatrix::new(&QMatrix::new(ty, rows, cols, &data).unwrap());
+            data.resize(48 * rb, 0);
+            let whole = RepackedMatrix::new(&QMatrix::new(ty, 48, cols, &data).unwrap());
+            assert!(ragged.unwrap().bytes() == whole.unwrap().bytes(), "{ty:?}");
         }
     }
 
