@@ -1,5 +1,7 @@
 //! The engine: a loaded model, its KV store and the scheduler that shares the store between
-//! sequences (`crate::sched` runs the steps); `generate` runs one request to its end.
+//! sequences. Each [`Engine::step`] asks the scheduler for a batch, runs its forward and hands
+//! the logits back (`crate::sched` decides everything else); `generate` runs one request to
+//! its end.
 
 use std::sync::{Arc, Mutex};
 
@@ -11,10 +13,12 @@ use crate::EngineError;
 use crate::kv_scheme::memory::KvGeometry;
 use crate::kv_scheme::{DenseDtype, KvModelShape, KvScheme};
 use crate::load::LoadedModel;
-use crate::prompt_cache::{PromptCache, PromptCacheStats};
+use crate::prompt_cache::PromptCacheStats;
 use crate::request::{GenerateOutput, GenerateRequest, TokenLogprob};
-use crate::sched::{KvBudget, Lane, Scheduler, SequenceSink};
-use crate::sequence::check_fits;
+use crate::sched::{
+    KvBudget, Lane, Scheduler, SchedulerStats, SequenceSink, StartGate, StepReport,
+};
+use crate::sequence::{Decoding, check_fits};
 
 /// Engine-wide settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,9 +82,8 @@ pub struct Engine<B: Backend> {
     pub(crate) model: LoadedModel<B>,
     pub(crate) kv: B::Kv,
     pub(crate) options: EngineOptions,
-    /// Saved prefixes besides what free slots keep (off unless enabled).
-    pub(crate) prompt_cache: Option<PromptCache>,
-    pub(crate) sched: Scheduler,
+    /// Sequences, slots, the prompt cache and the memory budget.
+    sched: Scheduler,
 }
 
 impl<B: Backend> Engine<B> {
@@ -106,7 +109,6 @@ impl<B: Backend> Engine<B> {
             model,
             kv,
             options,
-            prompt_cache: None,
             sched,
         })
     }
@@ -128,7 +130,7 @@ impl<B: Backend> Engine<B> {
 
     /// The lane the KV scheme allows on this backend.
     pub fn lane(&self) -> &Lane {
-        &self.sched.stats.lane
+        self.sched.lane()
     }
 
     /// Replaces the KV cache with an empty one under `scheme` (saved prompts are dropped: they
@@ -142,14 +144,10 @@ impl<B: Backend> Engine<B> {
         let mut options = self.options.clone();
         options.kv_scheme = scheme;
         self.kv = new_store(&self.backend, &self.model, &options)?;
-        let (gate, reuse) = (self.sched.gate.clone(), self.sched.reuse_prefix);
-        self.sched = new_scheduler(&self.backend, &self.model, &options);
-        self.sched.gate = gate;
-        self.sched.reuse_prefix = reuse;
+        let mut sched = new_scheduler(&self.backend, &self.model, &options);
+        sched.keep_settings_of(&self.sched);
+        self.sched = sched;
         self.options = options;
-        if let Some(cache) = &self.prompt_cache {
-            self.prompt_cache = Some(PromptCache::new(cache.stats().max_bytes));
-        }
         Ok(())
     }
 
@@ -163,7 +161,7 @@ impl<B: Backend> Engine<B> {
     pub fn kv_report(&self) -> KvReport {
         let scheme = &self.options.kv_scheme;
         let plan = scheme.plan(&KvModelShape::from_config(&self.model.config));
-        let current = self.sched.slots.current();
+        let current = self.sched.slots().current();
         let n = self.kv.layout().n_slots;
         KvReport {
             scheme: scheme.cache_key(),
@@ -192,27 +190,28 @@ impl<B: Backend> Engine<B> {
 
     /// KV positions free slots keep for prefix reuse.
     pub fn cached_len(&self) -> usize {
-        self.sched.slots.parked_positions()
+        self.sched.slots().parked_positions()
     }
 
     /// Keeps up to `max_bytes` of KV snapshots of earlier prompts (spec §11.1), so switching
     /// between conversations re-prefills only the new turn; 0 turns the cache off (a free
     /// slot's own prefix is still reused).
     pub fn set_prompt_cache_bytes(&mut self, max_bytes: usize) {
-        self.prompt_cache = (max_bytes > 0).then(|| PromptCache::new(max_bytes));
+        self.sched.set_prompt_cache_bytes(max_bytes);
     }
 
     /// Counters of the prompt cache, when it is on.
     pub fn prompt_cache_stats(&self) -> Option<PromptCacheStats> {
-        self.prompt_cache.as_ref().map(PromptCache::stats)
+        self.sched.prompt_cache_stats()
     }
 
     /// Forgets every free slot's prefix (running sequences keep theirs).
     pub fn reset(&mut self) {
-        for slot in 0..self.sched.slots.len() {
-            if self.sched.slots.is_free(slot) {
+        let slots = self.sched.slots_mut();
+        for slot in 0..slots.len() {
+            if slots.is_free(slot) {
                 let freed = self.kv.release(slot);
-                self.sched.slots.released(slot, freed);
+                slots.released(slot, freed);
             }
         }
     }
@@ -220,13 +219,13 @@ impl<B: Backend> Engine<B> {
     /// Cuts slot 0 back to its first `len` positions (benchmarks); converted layers stay
     /// converted, as they do when a prompt reuses a prefix.
     pub fn truncate_cache(&mut self, len: usize) {
-        self.sched.slots.truncate(0, len);
+        self.sched.slots_mut().truncate(0, len);
         self.kv.set_seq_len(0, len.min(self.kv.seq_len(0)));
     }
 
     /// Cuts `slot` back to its first `len` positions (benchmarks of batched decode).
     pub fn truncate_slot(&mut self, slot: usize, len: usize) {
-        self.sched.slots.truncate(slot, len);
+        self.sched.slots_mut().truncate(slot, len);
         self.kv.set_seq_len(slot, len.min(self.kv.seq_len(slot)));
     }
 
@@ -249,7 +248,7 @@ impl<B: Backend> Engine<B> {
         adapters: Option<&AdapterStack>,
     ) -> Result<Vec<f32>, EngineError> {
         self.refuse_while_busy()?;
-        self.sched.slots.truncate(0, 0);
+        self.sched.slots_mut().truncate(0, 0);
         self.forward_batch_with(tokens, batch, adapters)
     }
 
@@ -276,9 +275,99 @@ impl<B: Backend> Engine<B> {
         self.check_adapters(adapters)?;
         let stacks = vec![adapters; batch.spans.len()];
         for span in &batch.spans {
-            self.sched.slots.truncate(span.slot, 0);
+            self.sched.slots_mut().truncate(span.slot, 0);
         }
         self.forward_spans(tokens, batch, LogitsWanted::LastOfEach, &stacks)
+    }
+
+    /// Queues `req`; its events go to `sink`. Requests the engine can never serve (empty,
+    /// longer than the context, bad sampling settings) are refused here.
+    pub fn add(
+        &mut self,
+        req: &GenerateRequest,
+        sink: Box<dyn SequenceSink>,
+    ) -> Result<u64, EngineError> {
+        let adapters = req.adapters.clone().filter(|a| !a.is_empty());
+        self.check_adapters(adapters.as_deref())?;
+        let dec = Decoding::new(&self.model, req, self.options.context_len)?;
+        Ok(self.sched.add(dec, sink, adapters))
+    }
+
+    /// Whether any sequence is waiting or running.
+    pub fn has_work(&self) -> bool {
+        self.sched.has_work()
+    }
+
+    /// Gates the start of new sequences (`--job-policy exclusive`).
+    pub fn set_start_gate(&mut self, gate: Arc<dyn StartGate>) {
+        self.sched.set_start_gate(gate);
+    }
+
+    /// Whether a new request may start from a prefix a free slot or the prompt cache holds.
+    pub fn set_prefix_reuse(&mut self, reuse: bool) {
+        self.sched.set_prefix_reuse(reuse);
+    }
+
+    /// The scheduler's counters.
+    pub fn scheduler_stats(&self) -> SchedulerStats {
+        self.sched.stats()
+    }
+
+    /// Fails every running sequence with `message` and gives their slots back (after a panic
+    /// inside a forward: their KV may be half written). Waiting sequences stay queued.
+    pub fn fail_running(&mut self, message: &str) {
+        self.sched.fail_running(&mut self.kv, message);
+    }
+
+    /// One scheduling step: the scheduler drops cancelled sequences, admits waiting ones and
+    /// plans a batch within the budgets; one forward runs it (each span with its own
+    /// sequence's adapters); the scheduler samples where a sequence's tokens are all computed.
+    /// A forward error fails the sequences in it and is returned.
+    pub fn step(&mut self) -> Result<StepReport, EngineError> {
+        let batch = self.sched.schedule(&mut self.kv);
+        if batch.is_empty() {
+            return Ok(StepReport::default());
+        }
+        let stacks: Vec<Option<&AdapterStack>> =
+            batch.adapters.iter().map(Option::as_deref).collect();
+        let logits = self.forward_spans(
+            &batch.tokens,
+            &batch.layout,
+            LogitsWanted::LastOfEach,
+            &stacks,
+        );
+        match logits {
+            Ok(logits) => Ok(self.sched.update(&mut self.kv, &batch, logits)),
+            Err(e) => {
+                self.sched.fail_batch(&mut self.kv, &batch, &e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    /// One forward of `layout` (span `i` with the adapters `adapters[i]`; an empty slice: the
+    /// base model for all), then the conversion of every layer due in each of its slots.
+    fn forward_spans(
+        &mut self,
+        tokens: &[u32],
+        layout: &BatchLayout,
+        want: LogitsWanted,
+        adapters: &[Option<&AdapterStack>],
+    ) -> Result<Vec<f32>, EngineError> {
+        let logits = self.model.model.forward_with(
+            &self.backend,
+            &mut self.kv,
+            tokens,
+            layout,
+            want,
+            adapters,
+        )?;
+        // The forward wrote the positions, whether or not a conversion below fails.
+        self.sched.wrote(layout);
+        for span in &layout.spans {
+            self.kv.convert_due(span.slot)?;
+        }
+        Ok(logits)
     }
 
     /// Refuses a stack that was not checked against this model.
@@ -342,7 +431,7 @@ impl<B: Backend> Engine<B> {
             out.extend(self.forward_spans(part, &batch, LogitsWanted::All, &[adapters])?);
         }
         let namespace = adapters.map_or("", |a| a.namespace());
-        self.sched.slots.record(0, tokens, namespace);
+        self.sched.slots_mut().record(0, tokens, namespace);
         Ok(out)
     }
 
@@ -401,13 +490,18 @@ fn new_scheduler<B: Backend>(
     let cfg = &model.config;
     let shape = KvModelShape::from_config(cfg);
     let lane = Lane::for_backend(backend, &options.kv_scheme, &shape, cfg.head_dim);
-    let mut sched = Scheduler::new(options.slots, lane, options.batch_tokens);
-    sched.budget = options.kv_budget_bytes.map(|room| {
+    let budget = options.kv_budget_bytes.map(|room| {
         let caps_sliding = backend.memory_profile().caps_sliding;
         let geometry = KvGeometry::new(cfg, &options.kv_scheme, caps_sliding);
         KvBudget::new(room, geometry, options.prefill_chunk)
     });
-    sched
+    Scheduler::new(
+        options.slots,
+        lane,
+        options.batch_tokens,
+        options.prefill_chunk,
+        budget,
+    )
 }
 
 /// What [`Engine::generate`]'s sequence reported.

@@ -54,6 +54,18 @@ pub(crate) enum Next {
     Done,
 }
 
+/// What decoding needs of a model: its vocabulary, end tokens and detokenizer.
+pub(crate) struct Vocab {
+    /// Logits per row.
+    pub(crate) size: usize,
+    /// Tokens that end generation.
+    pub(crate) eos: Vec<u32>,
+    /// The tokens of `"\n"`, which XTC never removes (with the EOS tokens).
+    pub(crate) newline: Vec<u32>,
+    /// Decodes generated tokens to text.
+    pub(crate) tokenizer: std::sync::Arc<tokenizers::Tokenizer>,
+}
+
 impl Decoding {
     /// Checks `req` against the model and a context of `context_len` positions.
     pub(crate) fn new<B: kiln_model::backend::Backend>(
@@ -61,17 +73,32 @@ impl Decoding {
         req: &GenerateRequest,
         context_len: usize,
     ) -> Result<Self, EngineError> {
+        let vocab = Vocab {
+            size: model.config.vocab_size,
+            eos: model.eos_ids.clone(),
+            newline: model.tokenizer.encode("\n", false)?,
+            tokenizer: model.hf_tokenizer.clone(),
+        };
+        Self::with_vocab(&vocab, req, context_len)
+    }
+
+    /// [`Decoding::new`] for a model described only by its `vocab`.
+    pub(crate) fn with_vocab(
+        vocab: &Vocab,
+        req: &GenerateRequest,
+        context_len: usize,
+    ) -> Result<Self, EngineError> {
         check_fits(req.prompt.len(), context_len)?;
-        req.sampling.validate_for_vocab(model.config.vocab_size)?;
-        let mut xtc_special = model.eos_ids.clone();
-        xtc_special.extend(model.tokenizer.encode("\n", false)?);
+        req.sampling.validate_for_vocab(vocab.size)?;
+        let mut xtc_special = vocab.eos.clone();
+        xtc_special.extend(&vocab.newline);
         let room = context_len - req.prompt.len();
         Ok(Self {
             sampler: Sampler::new(req.sampling.clone(), xtc_special)?,
             stops: StopMatcher::new(req.stop.clone())?,
-            detok: IncrementalDecoder::with_context(model.hf_tokenizer.clone(), true, &req.prompt),
+            detok: IncrementalDecoder::with_context(vocab.tokenizer.clone(), true, &req.prompt),
             constraint: req.grammar.as_ref().map(|g| g.start()),
-            eos: model.eos_ids.clone(),
+            eos: vocab.eos.clone(),
             ignore_eos: req.ignore_eos,
             history: req.prompt.clone(),
             prompt_len: req.prompt.len(),

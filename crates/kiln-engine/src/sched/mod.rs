@@ -1,29 +1,34 @@
-//! Continuous batching: the engine keeps a queue of waiting sequences and a set of running
-//! ones, each in its own KV slot. Every [`Engine::step`] builds one [`BatchLayout`] — each
-//! decoding sequence's next token first, then whole prefill chunks of the others up to the
-//! token budget — runs one forward, and samples per sequence. Memory is billed before the
+//! Continuous batching as a component: the [`Scheduler`] keeps a queue of waiting sequences
+//! and a set of running ones, each in its own KV slot, with the slots' kept prefixes, the
+//! prompt cache and the memory budget. Each step is three calls: [`Scheduler::schedule`]
+//! builds one [`ScheduledBatch`] — each decoding sequence's next token first, then whole
+//! prefill chunks of the others up to the token budget — the engine runs the forward, and
+//! [`Scheduler::update`] samples per sequence from the logits. Memory is billed before the
 //! forward; when it would pass the budget, free slots' kept prefixes and prompt-cache entries
 //! go first, then the newest running sequence is preempted (its slot freed, itself requeued at
-//! the front, to be recomputed).
+//! the front, to be recomputed). The scheduler sees the KV store only through [`KvStore`]: it
+//! releases slots, sets their lengths and moves prompt-cache snapshots; it never runs a model.
 
+mod admit;
 pub mod budget;
 pub mod lane;
+mod room;
 pub(crate) mod slots;
+#[cfg(test)]
+mod tests;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use kiln_model::arch::LogitsWanted;
-use kiln_model::backend::{Backend, BatchLayout, KvStore, SeqSpan};
+use kiln_model::backend::{BatchLayout, KvStore, SeqSpan};
 use kiln_model::lora::AdapterStack;
 use serde::Serialize;
 
 pub use budget::KvBudget;
 pub use lane::Lane;
 
-use crate::EngineError;
-use crate::engine::Engine;
-use crate::request::{GenerateOutput, GenerateRequest};
+use crate::prompt_cache::{PromptCache, PromptCacheStats};
+use crate::request::{GenerateOutput, TokenLogprob};
 use crate::sequence::{Decoding, Next};
 
 /// Where one sequence's events go.
@@ -31,7 +36,7 @@ pub trait SequenceSink: Send {
     /// A piece of text safe to show, with the logprobs of the tokens behind it (empty unless
     /// asked for; the output at the end holds them all, including any whose text never came
     /// out); `false` when nobody listens any more (cancels).
-    fn text(&mut self, piece: &str, logprobs: &[crate::request::TokenLogprob]) -> bool;
+    fn text(&mut self, piece: &str, logprobs: &[TokenLogprob]) -> bool;
     /// Whether the listener left; polled every step, so a cancelled sequence frees its slot
     /// at the next step even while it prefills.
     fn is_closed(&self) -> bool;
@@ -111,20 +116,70 @@ pub struct SchedulerStats {
     pub kv_bill: Option<budget::BillStats>,
 }
 
-/// Lane, limits and counters of an engine's scheduler.
+/// What one step did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepReport {
+    /// Sequences in the forward (0: nothing could run).
+    pub sequences: usize,
+    /// Tokens in the forward.
+    pub tokens: usize,
+}
+
+/// One running sequence's part of a forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PlannedSpan {
+    /// Its index among the running sequences (stable until [`Scheduler::update`]).
+    pub(crate) running: usize,
+    /// The sequence's id.
+    pub(crate) seq: u64,
+    /// Tokens it computes in this forward.
+    pub(crate) n_tokens: usize,
+}
+
+/// The next forward: which sequences compute how many tokens, the tokens themselves, their
+/// slots and positions, and the adapters of each span.
+#[derive(Default)]
+pub(crate) struct ScheduledBatch {
+    pub(crate) spans: Vec<PlannedSpan>,
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) layout: BatchLayout,
+    /// Per span, its sequence's adapters; empty when every span runs the base model.
+    pub(crate) adapters: Vec<Option<Arc<AdapterStack>>>,
+}
+
+impl ScheduledBatch {
+    /// Whether nothing can run this step.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+}
+
+/// The waiting and running sequences, their KV slots, the prompt cache, the memory budget and
+/// the counters.
 pub(crate) struct Scheduler {
-    pub(crate) slots: slots::Slots,
-    pub(crate) waiting: VecDeque<Seq>,
-    pub(crate) running: Vec<Seq>,
-    pub(crate) gate: Option<Arc<dyn StartGate>>,
-    pub(crate) budget: Option<KvBudget>,
-    pub(crate) reuse_prefix: bool,
-    pub(crate) stats: SchedulerStats,
+    slots: slots::Slots,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    gate: Option<Arc<dyn StartGate>>,
+    budget: Option<KvBudget>,
+    prompt_cache: Option<PromptCache>,
+    reuse_prefix: bool,
+    /// Prompt tokens one sequence computes per forward.
+    chunk: usize,
+    stats: SchedulerStats,
     next_id: u64,
 }
 
 impl Scheduler {
-    pub(crate) fn new(n_slots: usize, lane: Lane, batch_tokens: usize) -> Self {
+    /// `n_slots` empty slots in `lane`; forwards of at most `batch_tokens` tokens, prefills in
+    /// chunks of `chunk`; KV billed against `budget` when there is one.
+    pub(crate) fn new(
+        n_slots: usize,
+        lane: Lane,
+        batch_tokens: usize,
+        chunk: usize,
+        budget: Option<KvBudget>,
+    ) -> Self {
         Self {
             slots: slots::Slots::new(n_slots),
             waiting: VecDeque::new(),
@@ -137,49 +192,34 @@ impl Scheduler {
                 ..Default::default()
             },
             gate: None,
-            budget: None,
+            budget,
+            prompt_cache: None,
             reuse_prefix: true,
+            chunk,
             next_id: 0,
         }
     }
 
-    fn max_running(&self) -> usize {
-        self.stats.max_sequences
+    /// Takes `old`'s start gate, prefix-reuse setting and prompt-cache size (emptied: its
+    /// entries hold another store's data), for a scheduler replacing it.
+    pub(crate) fn keep_settings_of(&mut self, old: &Scheduler) {
+        self.gate = old.gate.clone();
+        self.reuse_prefix = old.reuse_prefix;
+        if let Some(cache) = &old.prompt_cache {
+            self.prompt_cache = Some(PromptCache::new(cache.stats().max_bytes));
+        }
     }
-}
 
-/// How the memory budget was met.
-enum Room {
-    /// As planned.
-    Fits,
-    /// By preempting a running sequence: the plan is stale.
-    Preempted,
-}
-
-/// What one step did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StepReport {
-    /// Sequences in the forward (0: nothing could run).
-    pub sequences: usize,
-    /// Tokens in the forward.
-    pub tokens: usize,
-}
-
-impl<B: Backend> Engine<B> {
-    /// Queues `req`; its events go to `sink`. Requests the engine can never serve (empty,
-    /// longer than the context, bad sampling settings) are refused here.
-    pub fn add(
+    /// Queues a checked sequence running `adapters`; its events go to `sink`. Returns its id.
+    pub(crate) fn add(
         &mut self,
-        req: &GenerateRequest,
+        dec: Decoding,
         sink: Box<dyn SequenceSink>,
-    ) -> Result<u64, EngineError> {
-        let adapters = req.adapters.clone().filter(|a| !a.is_empty());
-        self.check_adapters(adapters.as_deref())?;
-        let dec = Decoding::new(&self.model, req, self.options.context_len)?;
-        let s = &mut self.sched;
-        s.next_id += 1;
-        s.waiting.push_back(Seq {
-            id: s.next_id,
+        adapters: Option<Arc<AdapterStack>>,
+    ) -> u64 {
+        self.next_id += 1;
+        self.waiting.push_back(Seq {
+            id: self.next_id,
             dec,
             sink,
             slot: None,
@@ -188,131 +228,172 @@ impl<B: Backend> Engine<B> {
             started: false,
             adapters,
         });
-        Ok(s.next_id)
+        self.next_id
     }
 
     /// Whether any sequence is waiting or running.
-    pub fn has_work(&self) -> bool {
-        !self.sched.waiting.is_empty() || !self.sched.running.is_empty()
+    pub(crate) fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
     }
 
-    /// Gates the start of new sequences (`--job-policy exclusive`).
-    pub fn set_start_gate(&mut self, gate: Arc<dyn StartGate>) {
-        self.sched.gate = Some(gate);
+    /// Gates the start of new sequences.
+    pub(crate) fn set_start_gate(&mut self, gate: Arc<dyn StartGate>) {
+        self.gate = Some(gate);
     }
 
     /// Whether a new request may start from a prefix a free slot or the prompt cache holds.
-    pub fn set_prefix_reuse(&mut self, reuse: bool) {
-        self.sched.reuse_prefix = reuse;
+    pub(crate) fn set_prefix_reuse(&mut self, reuse: bool) {
+        self.reuse_prefix = reuse;
     }
 
-    /// The scheduler's counters.
-    pub fn scheduler_stats(&self) -> SchedulerStats {
-        let s = &self.sched;
-        let mut stats = s.stats.clone();
-        stats.running = s.running.len();
-        stats.waiting = s.waiting.len();
-        stats.parked_positions = s.slots.parked_positions();
-        stats.kv_bill = s.budget.as_ref().map(|b| b.stats(self.bill_now()));
+    /// Keeps up to `max_bytes` of prompt snapshots; 0 turns the cache off.
+    pub(crate) fn set_prompt_cache_bytes(&mut self, max_bytes: usize) {
+        self.prompt_cache = (max_bytes > 0).then(|| PromptCache::new(max_bytes));
+    }
+
+    /// Counters of the prompt cache, when it is on.
+    pub(crate) fn prompt_cache_stats(&self) -> Option<PromptCacheStats> {
+        self.prompt_cache.as_ref().map(PromptCache::stats)
+    }
+
+    /// The lane sequences run in.
+    pub(crate) fn lane(&self) -> &Lane {
+        &self.stats.lane
+    }
+
+    /// The slots' records (what each holds, who owns it).
+    pub(crate) fn slots(&self) -> &slots::Slots {
+        &self.slots
+    }
+
+    /// The slots' records, for raw forwards that write slots with no sequence in flight.
+    pub(crate) fn slots_mut(&mut self) -> &mut slots::Slots {
+        &mut self.slots
+    }
+
+    /// The counters now.
+    pub(crate) fn stats(&self) -> SchedulerStats {
+        let mut stats = self.stats.clone();
+        stats.running = self.running.len();
+        stats.waiting = self.waiting.len();
+        stats.parked_positions = self.slots.parked_positions();
+        stats.kv_bill = self.budget.as_ref().map(|b| b.stats(self.bill_now()));
         stats
+    }
+
+    /// Records that a forward of `layout` wrote its spans' positions.
+    pub(crate) fn wrote(&mut self, layout: &BatchLayout) {
+        for span in &layout.spans {
+            self.slots.wrote(span.slot, span.start_pos + span.n_tokens);
+        }
     }
 
     /// Fails every running sequence with `message` and gives their slots back (after a panic
     /// inside a forward: their KV may be half written). Waiting sequences stay queued.
-    pub fn fail_running(&mut self, message: &str) {
-        for mut seq in std::mem::take(&mut self.sched.running) {
-            if let Some(slot) = seq.slot.take() {
-                self.release_slot(slot);
-            }
-            seq.sink.failed(message);
-            self.sched.stats.failed_total += 1;
+    pub(crate) fn fail_running<K: KvStore>(&mut self, kv: &mut K, message: &str) {
+        for seq in std::mem::take(&mut self.running) {
+            self.fail(kv, seq, message);
         }
     }
 
-    /// One scheduling step: drop cancelled sequences, admit waiting ones, run one forward over
-    /// every running sequence's next tokens and sample where a sequence's tokens are all
-    /// computed. A forward error fails the sequences in it and is returned.
-    pub fn step(&mut self) -> Result<StepReport, EngineError> {
+    /// The next forward: drops cancelled sequences, admits waiting ones, plans every running
+    /// sequence's next tokens and makes the memory budget hold them (reclaiming, preempting or
+    /// failing what can never fit). Empty when nothing can run.
+    pub(crate) fn schedule<K: KvStore>(&mut self, kv: &mut K) -> ScheduledBatch {
         self.reap_cancelled();
-        self.admit();
-        let plan = self.plan_within_budget();
-        if plan.is_empty() {
-            return Ok(StepReport::default());
-        }
-        let (tokens, layout) = self.layout_of(&plan);
-        // Each span runs with its own sequence's adapters.
-        let stacks: Vec<Option<Arc<AdapterStack>>> = plan
-            .iter()
-            .map(|&(i, _)| self.sched.running[i].adapters.clone())
-            .collect();
-        let stacks: Vec<Option<&AdapterStack>> = stacks.iter().map(Option::as_deref).collect();
-        let stacks = if stacks.iter().all(Option::is_none) {
-            &[][..]
-        } else {
-            &stacks[..]
-        };
-        let logits = match self.forward_spans(&tokens, &layout, LogitsWanted::LastOfEach, stacks) {
-            Ok(l) => l,
-            Err(e) => {
-                self.fail_planned(&plan, &e.to_string());
-                return Err(e);
-            }
-        };
+        self.admit(kv);
+        let plan = self.plan_within_budget(kv);
+        self.batch_of(plan)
+    }
+
+    /// Processes the forward of `batch`, whose `logits` hold one row per span: advances each
+    /// sequence by its span and samples where its tokens are all computed; finished sequences
+    /// leave the batch.
+    pub(crate) fn update<K: KvStore>(
+        &mut self,
+        kv: &mut K,
+        batch: &ScheduledBatch,
+        mut logits: Vec<f32>,
+    ) -> StepReport {
         let report = StepReport {
-            sequences: plan.len(),
-            tokens: tokens.len(),
+            sequences: batch.spans.len(),
+            tokens: batch.tokens.len(),
         };
-        let st = &mut self.sched.stats;
+        let st = &mut self.stats;
         st.steps += 1;
         st.last_batch_sequences = report.sequences;
         st.last_step_tokens = report.tokens;
         st.step_tokens_total += report.tokens as u64;
         st.batch_sequences_total += report.sequences as u64;
-        self.sample_planned(&plan, logits);
-        Ok(report)
+        let row_len = logits.len() / batch.spans.len().max(1);
+        let mut done = Vec::new();
+        for (k, span) in batch.spans.iter().enumerate() {
+            let seq = &mut self.running[span.running];
+            debug_assert_eq!(seq.id, span.seq, "the batch is not the running set's");
+            let n = span.n_tokens;
+            // Prompt chunks, and the recomputation of a preempted sequence (not decode steps).
+            if n > 1 || seq.dec.generated() == 0 {
+                seq.dec.computed_prompt_tokens(n);
+            }
+            seq.computed += n;
+            if seq.remaining() > 0 {
+                continue;
+            }
+            let row = &mut logits[k * row_len..(k + 1) * row_len];
+            let Seq { dec, sink, .. } = seq;
+            match dec.accept(row, &mut |t, lp| sink.text(t, lp)) {
+                Ok(Next::Feed) => {}
+                Ok(Next::Done) => done.push((span.running, None)),
+                Err(e) => done.push((span.running, Some(e.to_string()))),
+            }
+        }
+        done.sort_unstable_by_key(|d| d.0);
+        for (i, err) in done.into_iter().rev() {
+            let seq = self.running.remove(i);
+            match err {
+                None => {
+                    if seq.dec.cancelled() {
+                        self.stats.cancelled_total += 1;
+                    }
+                    self.finish(seq, false)
+                }
+                Some(msg) => self.fail(kv, seq, &msg),
+            }
+        }
+        report
     }
 
-    /// One forward of `layout` (span `i` with the adapters `adapters[i]`; an empty slice: the
-    /// base model for all), then the conversion of every layer due in each of its slots.
-    pub(crate) fn forward_spans(
+    /// Fails the sequences of `batch` with `message` (its forward failed).
+    pub(crate) fn fail_batch<K: KvStore>(
         &mut self,
-        tokens: &[u32],
-        layout: &BatchLayout,
-        want: LogitsWanted,
-        adapters: &[Option<&AdapterStack>],
-    ) -> Result<Vec<f32>, EngineError> {
-        let logits = self.model.model.forward_with(
-            &self.backend,
-            &mut self.kv,
-            tokens,
-            layout,
-            want,
-            adapters,
-        )?;
-        for span in &layout.spans {
-            self.kv.convert_due(span.slot)?;
-            self.sched
-                .slots
-                .wrote(span.slot, span.start_pos + span.n_tokens);
+        kv: &mut K,
+        batch: &ScheduledBatch,
+        message: &str,
+    ) {
+        let mut idx: Vec<usize> = batch.spans.iter().map(|s| s.running).collect();
+        idx.sort_unstable();
+        for i in idx.into_iter().rev() {
+            let seq = self.running.remove(i);
+            self.fail(kv, seq, message);
         }
-        Ok(logits)
     }
 
     fn reap_cancelled(&mut self) {
         let closed = |s: &Seq| s.sink.is_closed();
-        let s = &mut self.sched;
         // Every step asks; the queues are rebuilt only when someone left.
-        if !s.waiting.iter().chain(&s.running).any(closed) {
+        if !self.waiting.iter().chain(&self.running).any(closed) {
             return;
         }
-        let (mut gone, waiting): (Vec<Seq>, Vec<Seq>) =
-            std::mem::take(&mut s.waiting).into_iter().partition(closed);
-        let (left, running): (Vec<Seq>, Vec<Seq>) =
-            std::mem::take(&mut s.running).into_iter().partition(closed);
-        (s.waiting, s.running) = (waiting.into(), running);
+        let (mut gone, waiting): (Vec<Seq>, Vec<Seq>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(closed);
+        let (left, running): (Vec<Seq>, Vec<Seq>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(closed);
+        (self.waiting, self.running) = (waiting.into(), running);
         gone.extend(left);
         for seq in gone {
-            self.sched.stats.cancelled_total += 1;
+            self.stats.cancelled_total += 1;
             self.finish(seq, true);
         }
     }
@@ -324,175 +405,53 @@ impl<B: Backend> Engine<B> {
         }
         if let Some(slot) = seq.slot.take() {
             let namespace = seq.namespace();
-            self.sched
-                .slots
+            self.slots
                 .park(slot, &seq.dec.history[..seq.computed], namespace);
         }
         let sink = &mut seq.sink;
         match seq.dec.finish(&mut |t, lp| sink.text(t, lp)) {
             Ok(out) => sink.finished(out),
             Err(e) => {
-                self.sched.stats.failed_total += 1;
+                self.stats.failed_total += 1;
                 sink.failed(&e.to_string());
             }
         }
     }
 
-    fn fail(&mut self, mut seq: Seq, message: &str) {
+    fn fail<K: KvStore>(&mut self, kv: &mut K, mut seq: Seq, message: &str) {
         if let Some(slot) = seq.slot.take() {
-            self.release_slot(slot);
+            self.release_slot(kv, slot);
         }
-        self.sched.stats.failed_total += 1;
+        self.stats.failed_total += 1;
         seq.sink.failed(message);
     }
 
-    fn release_slot(&mut self, slot: usize) {
-        let freed = self.kv.release(slot);
-        self.sched.slots.released(slot, freed);
-    }
-
-    /// Moves waiting sequences into the batch, in order, while there is a slot and the memory
-    /// budget holds them. A sequence that never started needs the start gate's permit; while
-    /// the gate refuses (a heavy job waits: a drain), only sequences that already hold one —
-    /// preempted ones — may start. A sequence the budget cannot hold yet stops the others
-    /// behind it (first come, first served).
-    fn admit(&mut self) {
-        if self.sched.waiting.is_empty() || self.sched.running.len() >= self.sched.max_running() {
-            return;
-        }
-        let mut queue = std::mem::take(&mut self.sched.waiting);
-        let mut gate_closed = false;
-        while let Some(mut seq) = queue.pop_front() {
-            if self.sched.running.len() >= self.sched.max_running() {
-                self.sched.waiting.push_back(seq);
-                continue;
-            }
-            if seq.permit.is_none()
-                && let Some(gate) = self.sched.gate.clone()
-            {
-                match (!gate_closed).then(|| gate.try_start()).flatten() {
-                    Some(p) => seq.permit = Some(p),
-                    None => {
-                        gate_closed = true;
-                        self.sched.waiting.push_back(seq);
-                        continue;
-                    }
-                }
-            }
-            if let Err(mut seq) = self.start(seq) {
-                // Only a sequence that never ran gives its permit back while it waits for
-                // memory; one that ran keeps it, or a waiting job could never get the lease
-                // while it also keeps that sequence from starting.
-                if !seq.started {
-                    seq.permit = None;
-                }
-                self.sched.waiting.push_back(seq);
-                self.sched.waiting.extend(queue.drain(..));
-            }
-        }
-    }
-
-    /// Gives `seq` a slot (with the longest prefix it can reuse) if the budget holds it at its
-    /// whole current length beside every running sequence's next step; `Err` hands it back.
-    #[allow(clippy::result_large_err)]
-    fn start(&mut self, mut seq: Seq) -> Result<(), Seq> {
-        let reuse = self.sched.reuse_prefix;
-        let namespace = seq.namespace().to_string();
-        let Some((slot, common)) = self.sched.slots.choose(&seq.dec.history, &namespace, reuse)
-        else {
-            return Err(seq);
-        };
-        let common = self.restore_prefix(slot, &seq.dec.history, &namespace, common);
-        if common == 0 && self.sched.slots.holds_pages(slot) {
-            // Nothing to reuse: the old occupant's pages go, and with them its bill.
-            self.release_slot(slot);
-        }
-        let mut grows = self.running_growth();
-        grows.push((slot, seq.dec.history.len()));
-        match self.make_room(&grows, Some(slot), false) {
-            Ok(_) => {}
-            Err(need) if self.sched.running.is_empty() => {
-                let msg = self.over_budget_message(need);
-                self.fail(seq, &msg);
-                return Ok(());
-            }
-            Err(_) => return Err(seq),
-        }
-        self.sched.slots.claim(slot, seq.id);
-        self.kv.set_seq_len(slot, common);
-        seq.slot = Some(slot);
-        seq.computed = common;
-        if !seq.started {
-            seq.dec.cached = common;
-            seq.started = true;
-        }
-        self.sched.running.push(seq);
-        Ok(())
-    }
-
-    /// Each running sequence's slot and its length after one more chunk.
-    fn running_growth(&self) -> Vec<(usize, usize)> {
-        let chunk = self.options.prefill_chunk;
-        self.sched
-            .running
-            .iter()
-            .filter_map(|s| {
-                s.slot
-                    .map(|slot| (slot, s.computed + s.remaining().min(chunk)))
-            })
-            .collect()
-    }
-
-    /// The prefix of `prompt` (run in `namespace`) slot `slot` holds after consulting the
-    /// prompt cache: the slot's kept contents are saved there before being overwritten, and a
-    /// saved entry of the namespace sharing more of the prompt is copied in.
-    fn restore_prefix(
-        &mut self,
-        slot: usize,
-        prompt: &[u32],
-        namespace: &str,
-        common: usize,
-    ) -> usize {
-        if !self.sched.reuse_prefix {
-            return 0;
-        }
-        let Some(cache) = self.prompt_cache.as_mut() else {
-            return common;
-        };
-        let (mut tokens, mut slot_namespace) = self.sched.slots.take_prefix(slot);
-        let got = cache.swap_in(
-            &mut self.kv,
-            slot,
-            &mut tokens,
-            &mut slot_namespace,
-            prompt,
-            namespace,
-            common,
-        );
-        if got > 0 {
-            self.sched.slots.wrote(slot, got);
-        }
-        self.sched.slots.put_prefix(slot, tokens, slot_namespace);
-        got
+    fn release_slot<K: KvStore>(&mut self, kv: &mut K, slot: usize) {
+        let freed = kv.release(slot);
+        self.slots.released(slot, freed);
     }
 
     /// The spans of the next forward: every decoding sequence's token, then whole prefill
     /// chunks while the token budget lasts (always at least one, so prompts progress).
-    fn plan(&self) -> Vec<(usize, usize)> {
-        let running = &self.sched.running;
-        let mut plan: Vec<(usize, usize)> = (0..running.len())
-            .filter(|&i| running[i].remaining() == 1)
-            .map(|i| (i, 1))
+    fn plan(&self) -> Vec<PlannedSpan> {
+        let span = |i: usize, n_tokens: usize| PlannedSpan {
+            running: i,
+            seq: self.running[i].id,
+            n_tokens,
+        };
+        let mut plan: Vec<PlannedSpan> = (0..self.running.len())
+            .filter(|&i| self.running[i].remaining() == 1)
+            .map(|i| span(i, 1))
             .collect();
         let mut total = plan.len();
         let mut prefills = 0;
-        for (i, seq) in running.iter().enumerate() {
+        for (i, seq) in self.running.iter().enumerate() {
             if seq.remaining() <= 1 {
                 continue;
             }
-            let n = seq.remaining().min(self.options.prefill_chunk);
-            if prefills == 0 || total + n <= self.sched.stats.batch_tokens {
-                plan.push((i, n));
+            let n = seq.remaining().min(self.chunk);
+            if prefills == 0 || total + n <= self.stats.batch_tokens {
+                plan.push(span(i, n));
                 total += n;
                 prefills += 1;
             }
@@ -500,204 +459,25 @@ impl<B: Backend> Engine<B> {
         plan
     }
 
-    /// [`Self::plan`], after reclaiming memory or preempting until the plan fits the budget.
-    fn plan_within_budget(&mut self) -> Vec<(usize, usize)> {
-        loop {
-            let plan = self.plan();
-            let grows: Vec<(usize, usize)> = plan
-                .iter()
-                .filter_map(|&(i, n)| {
-                    let s = &self.sched.running[i];
-                    s.slot.map(|slot| (slot, s.computed + n))
-                })
-                .collect();
-            match self.make_room(&grows, None, true) {
-                Ok(Room::Fits) => return plan,
-                Ok(Room::Preempted) => {}
-                Err(need) => {
-                    // Only one sequence left and it still does not fit: it never will.
-                    let Some(seq) = self.sched.running.pop() else {
-                        return Vec::new();
-                    };
-                    let msg = self.over_budget_message(need);
-                    self.fail(seq, &msg);
-                }
-            }
-        }
-    }
-
-    fn layout_of(&self, plan: &[(usize, usize)]) -> (Vec<u32>, BatchLayout) {
-        let mut tokens = Vec::new();
-        let mut layout = BatchLayout::default();
-        for &(i, n) in plan {
-            let s = &self.sched.running[i];
-            tokens.extend_from_slice(&s.dec.history[s.computed..s.computed + n]);
-            layout.spans.push(SeqSpan {
+    fn batch_of(&self, spans: Vec<PlannedSpan>) -> ScheduledBatch {
+        let mut batch = ScheduledBatch::default();
+        for p in &spans {
+            let s = &self.running[p.running];
+            let n = p.n_tokens;
+            batch
+                .tokens
+                .extend_from_slice(&s.dec.history[s.computed..s.computed + n]);
+            batch.layout.spans.push(SeqSpan {
                 slot: s.slot.unwrap_or_default(),
                 start_pos: s.computed,
                 n_tokens: n,
             });
+            batch.adapters.push(s.adapters.clone());
         }
-        (tokens, layout)
-    }
-
-    fn fail_planned(&mut self, plan: &[(usize, usize)], message: &str) {
-        let mut idx: Vec<usize> = plan.iter().map(|&(i, _)| i).collect();
-        idx.sort_unstable();
-        for i in idx.into_iter().rev() {
-            let seq = self.sched.running.remove(i);
-            self.fail(seq, message);
+        if batch.adapters.iter().all(Option::is_none) {
+            batch.adapters.clear();
         }
-    }
-
-    /// Advances each planned sequence by its span and samples where its tokens are all
-    /// computed; finished sequences leave the batch.
-    fn sample_planned(&mut self, plan: &[(usize, usize)], mut logits: Vec<f32>) {
-        let vocab = self.model.config.vocab_size;
-        let mut done = Vec::new();
-        for (k, &(i, n)) in plan.iter().enumerate() {
-            let seq = &mut self.sched.running[i];
-            // Prompt chunks, and the recomputation of a preempted sequence (not decode steps).
-            if n > 1 || seq.dec.generated() == 0 {
-                seq.dec.computed_prompt_tokens(n);
-            }
-            seq.computed += n;
-            if seq.remaining() > 0 {
-                continue;
-            }
-            let row = &mut logits[k * vocab..(k + 1) * vocab];
-            let Seq { dec, sink, .. } = seq;
-            match dec.accept(row, &mut |t, lp| sink.text(t, lp)) {
-                Ok(Next::Feed) => {}
-                Ok(Next::Done) => done.push((i, None)),
-                Err(e) => done.push((i, Some(e.to_string()))),
-            }
-        }
-        done.sort_unstable_by_key(|d| d.0);
-        for (i, err) in done.into_iter().rev() {
-            let seq = self.sched.running.remove(i);
-            match err {
-                None => {
-                    if seq.dec.cancelled() {
-                        self.sched.stats.cancelled_total += 1;
-                    }
-                    self.finish(seq, false)
-                }
-                Some(msg) => self.fail(seq, &msg),
-            }
-        }
-    }
-
-    /// Makes the budget hold every slot at `grows` (slot, positions after the step): first
-    /// gives back free slots' kept prefixes (never `keep`'s), then prompt-cache entries, then —
-    /// with `preempt` — preempts the newest running sequence while more than one runs (then
-    /// the plan must be made again). `Err` carries the bytes still missing.
-    fn make_room(
-        &mut self,
-        grows: &[(usize, usize)],
-        keep: Option<usize>,
-        preempt: bool,
-    ) -> Result<Room, u64> {
-        let Some(room) = self.sched.budget.as_ref().map(|b| b.room_bytes) else {
-            return Ok(Room::Fits);
-        };
-        if !preempt {
-            // Give nothing back unless that would be enough.
-            let bill = self.bill_with(grows);
-            let reclaimable = self.reclaimable_bytes(keep);
-            if bill.saturating_sub(reclaimable) > room {
-                return Err(bill - reclaimable - room);
-            }
-        }
-        loop {
-            let bill = self.bill_with(grows);
-            if let Some(b) = self.sched.budget.as_mut() {
-                b.observe(bill.min(room));
-            }
-            if bill <= room {
-                return Ok(Room::Fits);
-            }
-            if let Some(slot) = self.sched.slots.least_recent_parked(keep) {
-                self.release_slot(slot);
-                continue;
-            }
-            if self.prompt_cache.as_mut().is_some_and(|c| c.evict_oldest()) {
-                continue;
-            }
-            if preempt && self.sched.running.len() > 1 && self.preempt_newest() {
-                return Ok(Room::Preempted);
-            }
-            return Err(bill - room);
-        }
-    }
-
-    /// Frees the newest running sequence's slot and requeues it at the front of the queue; it
-    /// will be recomputed from its prompt and the tokens it already generated.
-    fn preempt_newest(&mut self) -> bool {
-        let running = &mut self.sched.running;
-        let Some(newest) = (0..running.len()).max_by_key(|&i| running[i].id) else {
-            return false;
-        };
-        let mut seq = running.remove(newest);
-        if let Some(slot) = seq.slot.take() {
-            self.release_slot(slot);
-        }
-        seq.computed = 0;
-        self.sched.stats.preempted_total += 1;
-        tracing::info!(
-            sequence = seq.id,
-            "preempted for memory; it will be recomputed"
-        );
-        self.sched.waiting.push_front(seq);
-        true
-    }
-
-    /// Bytes that releasing free slots (but `keep`) and emptying the prompt cache would give.
-    fn reclaimable_bytes(&self, keep: Option<usize>) -> u64 {
-        let Some(b) = &self.sched.budget else {
-            return 0;
-        };
-        let slots: u64 = (self.sched.slots.parked_high_water(keep))
-            .map(|(_, high_water)| b.slot_bytes(high_water))
-            .sum();
-        let cache = self
-            .prompt_cache
-            .as_ref()
-            .map_or(0, |c| c.stats().bytes as u64);
-        slots + cache
-    }
-
-    /// KV bytes billed now: every slot at its high-water mark, plus the prompt cache.
-    fn bill_now(&self) -> u64 {
-        self.bill_with(&[])
-    }
-
-    fn bill_with(&self, grows: &[(usize, usize)]) -> u64 {
-        let Some(b) = &self.sched.budget else {
-            return 0;
-        };
-        let slots: u64 = (0..self.sched.slots.len())
-            .map(|i| {
-                let grown = grows
-                    .iter()
-                    .filter(|g| g.0 == i)
-                    .map(|g| g.1)
-                    .max()
-                    .unwrap_or(0);
-                b.slot_bytes(self.sched.slots.high_water(i).max(grown))
-            })
-            .sum();
-        let cache = self
-            .prompt_cache
-            .as_ref()
-            .map_or(0, |c| c.stats().bytes as u64);
-        slots + cache
-    }
-
-    fn over_budget_message(&self, need: u64) -> String {
-        let room = self.sched.budget.as_ref().map_or(0, |b| b.room_bytes);
-        format!(
-            "the request does not fit the memory budget: its KV cache needs {need} bytes more than the {room} bytes the budget leaves for it"
-        )
+        batch.spans = spans;
+        batch
     }
 }
