@@ -197,11 +197,6 @@ impl Decoding {
         Ok(Next::Done)
     }
 
-    /// Whether it ended because its listener left.
-    pub(crate) fn cancelled(&self) -> bool {
-        self.out.finish_reason == FinishReason::Cancelled
-    }
-
     /// Marks the sequence cancelled (its client left).
     pub(crate) fn cancel(&mut self) {
         self.out.finish_reason = FinishReason::Cancelled;

@@ -234,7 +234,6 @@ fn a_cancelled_prefill_frees_its_slot_at_the_next_step() {
     );
     let stats = e.scheduler_stats();
     assert_eq!((stats.running, stats.waiting), (0, 0));
-    assert_eq!(stats.cancelled_total, 1);
     let out = sink.0.lock().unwrap().out.take().expect("finished");
     assert_eq!(out.finish_reason, FinishReason::Cancelled);
     assert!(out.tokens.is_empty());

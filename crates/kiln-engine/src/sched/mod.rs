@@ -79,7 +79,9 @@ impl Seq {
     }
 }
 
-/// Counters of the scheduler, for `/stats` and `/metrics`.
+/// Counters of the scheduler, for `/stats` and `/metrics`. Requests that failed or were
+/// cancelled are counted once, by whoever sees every request (the server's gateway counts its
+/// refusals and the solo lane too), not here.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SchedulerStats {
     /// Sequences in the running batch.
@@ -106,10 +108,6 @@ pub struct SchedulerStats {
     pub batch_sequences_total: u64,
     /// Preemptions since start (a sequence freed for memory, requeued and recomputed).
     pub preempted_total: u64,
-    /// Sequences cancelled by their client.
-    pub cancelled_total: u64,
-    /// Sequences failed.
-    pub failed_total: u64,
     /// KV positions free slots keep for reuse.
     pub parked_positions: usize,
     /// The memory budget's KV bill now and its highest so far, when there is a budget.
@@ -351,12 +349,7 @@ impl Scheduler {
         for (i, err) in done.into_iter().rev() {
             let seq = self.running.remove(i);
             match err {
-                None => {
-                    if seq.dec.cancelled() {
-                        self.stats.cancelled_total += 1;
-                    }
-                    self.finish(seq, false)
-                }
+                None => self.finish(seq, false),
                 Some(msg) => self.fail(kv, seq, &msg),
             }
         }
@@ -393,7 +386,6 @@ impl Scheduler {
         (self.waiting, self.running) = (waiting.into(), running);
         gone.extend(left);
         for seq in gone {
-            self.stats.cancelled_total += 1;
             self.finish(seq, true);
         }
     }
@@ -411,10 +403,7 @@ impl Scheduler {
         let sink = &mut seq.sink;
         match seq.dec.finish(&mut |t, lp| sink.text(t, lp)) {
             Ok(out) => sink.finished(out),
-            Err(e) => {
-                self.stats.failed_total += 1;
-                sink.failed(&e.to_string());
-            }
+            Err(e) => sink.failed(&e.to_string()),
         }
     }
 
@@ -422,7 +411,6 @@ impl Scheduler {
         if let Some(slot) = seq.slot.take() {
             self.release_slot(kv, slot);
         }
-        self.stats.failed_total += 1;
         seq.sink.failed(message);
     }
 

@@ -253,7 +253,6 @@ fn a_sequence_that_can_never_fit_fails_naming_the_bytes() {
         failed.contains("2 bytes more than the 10 bytes"),
         "{failed}"
     );
-    assert_eq!(s.stats().failed_total, 1);
     assert!(!s.has_work());
 }
 
@@ -267,7 +266,6 @@ fn a_cancelled_sequence_leaves_at_the_next_schedule_and_parks_its_prefix() {
     assert!(step(&mut s, &mut kv, 5).is_empty());
     let out = seen.lock().unwrap().finished.clone().expect("finished");
     assert_eq!(out.finish_reason, crate::FinishReason::Cancelled);
-    assert_eq!(s.stats().cancelled_total, 1);
     assert_eq!(s.slots().parked_positions(), 4);
 }
 
