@@ -7,32 +7,12 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use futures_util::stream;
-use kiln_engine::sampler::SamplingParams;
 use kiln_engine::{GenerateOutput, GenerateRequest};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::errors::{ApiError, Flavor};
 use crate::gateway::{Event, GatewayError};
 use crate::state::AppState;
-
-/// A request ready for the engine.
-#[derive(Debug, Clone)]
-pub struct Prepared {
-    /// Prompt token ids.
-    pub prompt: Vec<u32>,
-    /// Most tokens to generate.
-    pub max_tokens: usize,
-    /// Sampler settings.
-    pub sampling: SamplingParams,
-    /// Stop strings.
-    pub stop: Vec<String>,
-    /// Keep going past EOS (vLLM's `ignore_eos`, for benchmarks).
-    pub ignore_eos: bool,
-    /// The resolved `adapter` field (`None`: the base model).
-    pub adapters: Option<std::sync::Arc<kiln_model::lora::AdapterStack>>,
-    /// The compiled output constraint (`response_format`, forced tool calls), if any.
-    pub grammar: Option<kiln_engine::structured::Grammar>,
-}
 
 /// `max_tokens` for a prompt of `prompt_len` tokens: an explicit value must fit in the context
 /// with the prompt (else 400 before any compute); a default is capped at the room left.
@@ -99,21 +79,12 @@ pub async fn blocking<T: Send + 'static>(
     })?
 }
 
-/// Sends `p` to the engine.
+/// Sends `req` to the engine.
 pub fn submit(
     state: &AppState,
-    p: Prepared,
+    req: GenerateRequest,
     flavor: Flavor,
 ) -> Result<UnboundedReceiver<Event>, ApiError> {
-    let req = GenerateRequest {
-        prompt: p.prompt,
-        max_tokens: p.max_tokens,
-        sampling: p.sampling,
-        stop: p.stop,
-        ignore_eos: p.ignore_eos,
-        adapters: p.adapters,
-        grammar: p.grammar,
-    };
     state.gateway.submit(req).map_err(|e| match e {
         GatewayError::Busy(_) => ApiError::busy(e.to_string()).flavor(flavor),
         GatewayError::Closed => ApiError::busy(e.to_string()).flavor(flavor),

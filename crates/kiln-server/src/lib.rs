@@ -1,6 +1,6 @@
 //! kiln's HTTP server: OpenAI- and Anthropic-compatible endpoints in front of the engine.
 //!
-//! The HTTP side turns JSON into typed requests ([`generation::Prepared`]) and hands them to the
+//! The HTTP side turns JSON into typed requests (`kiln_engine::GenerateRequest`, planned per API) and hands them to the
 //! [`gateway::Gateway`], which owns the engine on its own thread; nothing here touches the
 //! engine directly, so batching can later replace the gateway's loop without touching a route.
 
@@ -9,6 +9,7 @@ pub mod anthropic;
 pub mod auth;
 pub mod body;
 pub mod body_guard;
+pub mod chat_plan;
 pub mod errors;
 pub mod gateway;
 pub mod generation;

@@ -4,60 +4,45 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
-use kiln_engine::{FinishReason, GenerateOutput};
+use kiln_engine::{FinishReason, GenerateOutput, GenerateRequest};
 use serde_json::{Value, json};
 
 use super::stream::MessagesFramer;
 use super::{MessagesRequest, to_openai};
+
 use crate::body::parse_request;
+use crate::chat_plan::{ChatInput, ChatTurn, plan_chat};
 use crate::errors::{ApiError, Flavor};
-use crate::generation::{Prepared, blocking, collect, plan_max_tokens, sse_response, submit};
-use crate::prompt::{ChatPrompt, chat_prompt, normalize_messages};
+use crate::generation::{blocking, collect, plan_max_tokens, sse_response, submit};
 use crate::state::SharedState;
-use crate::structured::{answer_constraint, anthropic_tool_choice};
-use crate::turn::{Turn, TurnBuilder, TurnShape};
+use crate::structured::anthropic_tool_choice;
+use crate::turn::{Turn, TurnBuilder};
 
-/// A messages request's prompt, how its answer is parsed, and the grammar a forced tool
-/// choice sets.
-struct MessagesPlan {
-    prompt: ChatPrompt,
-    shape: TurnShape,
-    grammar: Option<kiln_engine::structured::Grammar>,
-}
-
-fn prompt_of(state: &SharedState, req: &MessagesRequest) -> Result<(ChatPrompt, bool), ApiError> {
-    let (messages, tools) = to_openai(req)?;
-    let messages = normalize_messages(&messages)?;
-    let tools_vec = tools.as_ref().and_then(Value::as_array).cloned();
-    let ids = chat_prompt(&state.info, &messages, tools_vec.as_deref(), None)?;
-    Ok((ids, tools.is_some()))
-}
-
-fn plan(state: &SharedState, req: &MessagesRequest) -> Result<MessagesPlan, ApiError> {
+fn plan(state: &SharedState, req: &MessagesRequest) -> Result<ChatTurn, ApiError> {
     let choice = anthropic_tool_choice(req.tool_choice.as_ref())?;
     let (messages, tools) = to_openai(req)?;
-    let messages = normalize_messages(&messages)?;
-    let tools = tools.as_ref().and_then(Value::as_array).cloned();
-    let format = state.info.tool_format();
-    let offered = tools.clone().unwrap_or_default();
-    let grammar = answer_constraint(&state.info, format, &offered, &choice, None, "")?;
-    let prompt = chat_prompt(&state.info, &messages, tools.as_deref(), None)?;
     let single_call = req
         .tool_choice
         .as_ref()
         .and_then(|c| c.get("disable_parallel_tool_use"))
         .and_then(Value::as_bool)
         == Some(true);
-    let grammar = crate::structured::compile(&state.info, grammar, prompt.thinking_open)?;
-    Ok(MessagesPlan {
-        shape: TurnShape {
-            thinking_open: prompt.thinking_open,
-            tools: tools.is_some().then_some(format),
+    plan_chat(
+        &state.info,
+        ChatInput {
+            messages: &messages,
+            tools: tools
+                .as_ref()
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default(),
+            choice,
+            answer: None,
+            answer_field: "",
+            vars: None,
             max_calls: single_call.then_some(1),
         },
-        prompt,
-        grammar,
-    })
+    )
 }
 
 /// The `content` blocks of a whole turn.
@@ -135,14 +120,14 @@ pub async fn handler(
         .sampling
         .resolve(&state, false, 0, false)
         .map_err(|e| e.flavor(f))?;
-    let prompt = plan.prompt.ids;
+    let prompt = plan.prompt;
     // No default applies: the request always names its max_tokens.
     let max_tokens = plan_max_tokens(&state, prompt.len(), Some(requested), 1, "max_tokens")
         .map_err(|e| e.flavor(f))?;
     let input_tokens = prompt.len();
     let rx = submit(
         &state,
-        Prepared {
+        GenerateRequest {
             prompt,
             max_tokens,
             sampling,
@@ -182,6 +167,7 @@ pub async fn count_tokens(
 ) -> Result<Response, ApiError> {
     let f = Flavor::Anthropic;
     let req: MessagesRequest = parse_request(body, f)?;
-    let (prompt, _) = blocking(f, move || prompt_of(&state, &req).map_err(|e| e.flavor(f))).await?;
-    Ok(axum::Json(json!({"input_tokens": prompt.ids.len()})).into_response())
+    // Counted on the plan the messages call runs, so the two always agree.
+    let turn = blocking(f, move || plan(&state, &req).map_err(|e| e.flavor(f))).await?;
+    Ok(axum::Json(json!({"input_tokens": turn.prompt.len()})).into_response())
 }

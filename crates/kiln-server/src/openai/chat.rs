@@ -4,22 +4,23 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
+use kiln_engine::GenerateRequest;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::chat_stream::ChatFramer;
 use super::{logprobs, usage};
+
 use crate::body::parse_request;
+use crate::chat_plan::{ChatInput, plan_chat};
 use crate::errors::{ApiError, Flavor};
 use crate::generation::{
-    Prepared, blocking, collect, finish_reason_str, plan_max_tokens, sse_response, submit,
+    blocking, collect, finish_reason_str, plan_max_tokens, sse_response, submit,
 };
-use crate::prompt::{chat_prompt, normalize_messages, validate_tools};
+use crate::prompt::validate_tools;
 use crate::sampling::{SamplingFields, parse_stop, parse_top_logprobs};
 use crate::state::{SharedState, unix_now};
-use crate::structured::{
-    ToolChoice, answer_constraint, chat_response_format, compile_answer, openai_tool_choice,
-};
+use crate::structured::{chat_response_format, openai_tool_choice};
 use crate::turn::{Turn, TurnBuilder, TurnShape};
 
 /// Built-in `max_tokens` default for chat (spec §3.1), capped by the context left.
@@ -92,7 +93,7 @@ pub struct StreamOptions {
 /// A validated chat request.
 pub struct ChatPlan {
     /// What the engine runs.
-    pub prepared: Prepared,
+    pub request: GenerateRequest,
     /// How the answer is parsed (reasoning, tool calls).
     pub shape: TurnShape,
     /// Whether logprobs go into the response.
@@ -152,23 +153,10 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
     }
     refuse_unsupported(req)?;
     let adapters = crate::adapters::resolve(state, req.adapter.as_ref())?;
-    let messages = normalize_messages(&req.messages)?;
     let tools = match &req.tools {
         Some(t) if !t.is_null() => validate_tools(t)?,
         _ => Vec::new(),
     };
-    let choice = openai_tool_choice(req.tool_choice.as_ref())?;
-    let tools_active = !tools.is_empty() && choice != ToolChoice::None;
-    let format = state.info.tool_format();
-    let offered: &[Value] = if tools_active { &tools } else { &[] };
-    let grammar = answer_constraint(
-        &state.info,
-        format,
-        offered,
-        &choice,
-        chat_response_format(req.response_format.as_ref())?,
-        "response_format",
-    )?;
     let logprobs = match &req.logprobs {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -179,22 +167,19 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
     let sampling = req
         .sampling
         .resolve(state, logprobs, if logprobs { top } else { 0 }, true)?;
-    let vars = template_vars(req)?;
-    let prompt = chat_prompt(
+    let turn = plan_chat(
         &state.info,
-        &messages,
-        tools_active.then_some(tools.as_slice()),
-        vars.as_ref(),
+        ChatInput {
+            messages: &req.messages,
+            tools,
+            choice: openai_tool_choice(req.tool_choice.as_ref())?,
+            answer: chat_response_format(req.response_format.as_ref())?,
+            answer_field: "response_format",
+            vars: template_vars(req)?,
+            max_calls: (req.parallel_tool_calls == Some(false)).then_some(1),
+        },
     )?;
-    let (thinking_open, prompt) = (prompt.thinking_open, prompt.ids);
-    let grammar = compile_answer(
-        &state.info,
-        grammar,
-        thinking_open,
-        format,
-        offered,
-        &choice,
-    )?;
+    let prompt = turn.prompt;
     let (requested, field) = match req.max_completion_tokens {
         Some(n) => (Some(n), "max_completion_tokens"),
         None => (req.max_tokens, "max_tokens"),
@@ -207,20 +192,16 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
         field,
     )?;
     Ok(ChatPlan {
-        prepared: Prepared {
+        request: GenerateRequest {
             prompt,
             max_tokens,
             sampling,
             stop,
             ignore_eos: req.ignore_eos.unwrap_or(false),
             adapters,
-            grammar,
+            grammar: turn.grammar,
         },
-        shape: TurnShape {
-            thinking_open,
-            tools: tools_active.then_some(format),
-            max_calls: (req.parallel_tool_calls == Some(false)).then_some(1),
-        },
+        shape: turn.shape,
         logprobs,
     })
 }
@@ -237,7 +218,7 @@ pub async fn handler(
         Ok((req, p))
     })
     .await?;
-    let rx = submit(&state, plan.prepared, Flavor::OpenAi)?;
+    let rx = submit(&state, plan.request, Flavor::OpenAi)?;
     let id = state.new_id("chatcmpl-");
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.is_some_and(|o| o.include_usage);

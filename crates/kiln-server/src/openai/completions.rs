@@ -9,11 +9,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{logprobs, usage};
+use kiln_engine::GenerateRequest;
+
 use crate::body::parse_request;
 use crate::errors::{ApiError, Flavor};
 use crate::generation::{
-    Framer, Prepared, blocking, collect, data_frame, finish_reason_str, plan_max_tokens,
-    sse_response, submit,
+    Framer, blocking, collect, data_frame, finish_reason_str, plan_max_tokens, sse_response, submit,
 };
 use crate::sampling::{SamplingFields, parse_stop};
 use crate::state::{SharedState, unix_now};
@@ -125,7 +126,7 @@ pub async fn handler(
     )?;
     let rx = submit(
         &state,
-        Prepared {
+        GenerateRequest {
             prompt: ids,
             max_tokens,
             sampling,

@@ -10,21 +10,22 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
+use kiln_engine::GenerateRequest;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use render::{ResponseContext, ResponsesFramer};
 
 use super::chat::DEFAULT_CHAT_MAX_TOKENS;
+
 use crate::body::parse_request;
+use crate::chat_plan::{ChatInput, plan_chat};
 use crate::errors::{ApiError, Flavor};
-use crate::generation::{Prepared, blocking, collect, plan_max_tokens, sse_response, submit};
-use crate::prompt::{chat_prompt, normalize_messages, validate_tools};
+use crate::generation::{blocking, collect, plan_max_tokens, sse_response, submit};
+use crate::prompt::validate_tools;
 use crate::sampling::SamplingFields;
 use crate::state::{SharedState, unix_now};
-use crate::structured::{
-    ToolChoice, answer_constraint, compile_answer, openai_tool_choice, text_format,
-};
+use crate::structured::{openai_tool_choice, text_format};
 use crate::turn::{TurnBuilder, TurnShape};
 
 /// The request body (unknown fields are ignored).
@@ -80,7 +81,7 @@ impl crate::body::WithSampling for ResponsesRequest {
 }
 
 struct ResponsesPlan {
-    prepared: Prepared,
+    request: GenerateRequest,
     shape: TurnShape,
     ctx: ResponseContext,
 }
@@ -179,56 +180,32 @@ fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, Ap
         }
     }
     conversation.extend(input::messages(input)?);
-    let messages = normalize_messages(&Value::Array(with_system(
-        instructions.as_deref(),
-        &conversation,
-    )))?;
-    let tools = validate_tools(&Value::Array(input::tools(req.tools.as_ref())?))?;
-    let choice = openai_tool_choice(req.tool_choice.as_ref())?;
-    let tools_active = !tools.is_empty() && choice != ToolChoice::None;
-    let format = state.info.tool_format();
-    let offered: &[Value] = if tools_active { &tools } else { &[] };
-    let grammar = answer_constraint(
-        &state.info,
-        format,
-        offered,
-        &choice,
-        text_format(req.text.as_ref())?,
-        "text.format",
-    )?;
-    let vars = thinking_vars(req.reasoning.as_ref())?;
-    let prompt = chat_prompt(
-        &state.info,
-        &messages,
-        tools_active.then_some(tools.as_slice()),
-        vars.as_ref(),
-    )?;
-    let grammar = compile_answer(
-        &state.info,
-        grammar,
-        prompt.thinking_open,
-        format,
-        offered,
-        &choice,
-    )?;
-    let max_tokens = plan_max_tokens(
-        state,
-        prompt.ids.len(),
-        req.max_output_tokens,
-        DEFAULT_CHAT_MAX_TOKENS,
-        "max_output_tokens",
-    )?;
-    let sampling = req.sampling.resolve(state, false, 0, true)?;
+    let messages = Value::Array(with_system(instructions.as_deref(), &conversation));
     let one = (req.parallel_tool_calls == Some(false)).then_some(1);
     let max_calls = match (req.max_tool_calls, one) {
         (Some(n), one) => Some((n as usize).min(one.unwrap_or(usize::MAX))),
         (None, one) => one,
     };
-    let shape = TurnShape {
-        thinking_open: prompt.thinking_open,
-        tools: tools_active.then_some(format),
-        max_calls,
-    };
+    let turn = plan_chat(
+        &state.info,
+        ChatInput {
+            messages: &messages,
+            tools: validate_tools(&Value::Array(input::tools(req.tools.as_ref())?))?,
+            choice: openai_tool_choice(req.tool_choice.as_ref())?,
+            answer: text_format(req.text.as_ref())?,
+            answer_field: "text.format",
+            vars: thinking_vars(req.reasoning.as_ref())?,
+            max_calls,
+        },
+    )?;
+    let max_tokens = plan_max_tokens(
+        state,
+        turn.prompt.len(),
+        req.max_output_tokens,
+        DEFAULT_CHAT_MAX_TOKENS,
+        "max_output_tokens",
+    )?;
+    let sampling = req.sampling.resolve(state, false, 0, true)?;
     let ctx = ResponseContext {
         id: state.new_id("resp_"),
         created_at: unix_now(),
@@ -239,18 +216,18 @@ fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, Ap
         instructions,
         store: req.store.unwrap_or(true),
     };
-    let prepared = Prepared {
-        prompt: prompt.ids,
+    let request = GenerateRequest {
+        prompt: turn.prompt,
         max_tokens,
         sampling,
         stop: Vec::new(),
         ignore_eos: false,
         adapters: crate::adapters::resolve(state, req.adapter.as_ref())?,
-        grammar,
+        grammar: turn.grammar,
     };
     Ok(ResponsesPlan {
-        prepared,
-        shape,
+        request,
+        shape: turn.shape,
         ctx,
     })
 }
@@ -314,7 +291,7 @@ pub async fn handler(
         Ok((req, p))
     })
     .await?;
-    let rx = submit(&state, plan.prepared, Flavor::OpenAi)?;
+    let rx = submit(&state, plan.request, Flavor::OpenAi)?;
     if req.stream.unwrap_or(false) {
         let framer = ResponsesFramer::new(state.clone(), plan.ctx, plan.shape);
         return Ok(sse_response(rx, framer));
