@@ -103,7 +103,9 @@ fn merged<B: Backend>(b: &B, files: &ModelFiles, adapters: &[&LoraAdapter]) -> M
             cols,
             bytes,
         };
-        let m = b.matrix(&weight, t).expect("matrix");
+        let m = b
+            .matrix(&weight, kiln_model::backend::MatrixRole::Projection, t)
+            .expect("matrix");
         model.replace_matrix(&weight, m).expect("replace");
     }
     model

@@ -247,7 +247,12 @@ fn forward_resumed_at_a_layer_equals_the_full_forward() {
             .collect();
         t.ty = kiln_kernels::GgmlType::F32;
         let original = model
-            .replace_matrix(&name, backend.matrix(&name, t).unwrap())
+            .replace_matrix(
+                &name,
+                backend
+                    .matrix(&name, kiln_model::backend::MatrixRole::Projection, t)
+                    .unwrap(),
+            )
             .unwrap();
         let changed_full = model
             .forward(&backend, &mut kv, &inputs, &batch, LogitsWanted::All)
@@ -272,7 +277,11 @@ fn forward_resumed_at_a_layer_equals_the_full_forward() {
                 .replace_matrix(
                     "model.layers.99.mlp.up_proj.weight",
                     backend
-                        .matrix(&name, files.tensors().tensor(&name).unwrap().unwrap())
+                        .matrix(
+                            &name,
+                            kiln_model::arch::matrix_role(&name),
+                            files.tensors().tensor(&name).unwrap().unwrap()
+                        )
                         .unwrap()
                 )
                 .is_err()

@@ -114,7 +114,8 @@ impl Probe {
     /// Mean KL(reference ‖ model with matrix `name` replaced by `weights`); the original
     /// matrix is back in place afterwards, whether the forward worked or not.
     pub fn kl_with(&mut self, name: &str, weights: HostTensor) -> Result<f64, LabError> {
-        let replacement = self.backend.matrix(name, weights)?;
+        let role = kiln_model::arch::matrix_role(name);
+        let replacement = self.backend.matrix(name, role, weights)?;
         let original = self.model.replace_matrix(name, replacement)?;
         let logits = self.forward_changed(name);
         self.model.replace_matrix(name, original)?;

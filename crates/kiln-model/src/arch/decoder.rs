@@ -1,7 +1,7 @@
 //! The decoder block shared by every supported architecture.
 
 use crate::ModelError;
-use crate::backend::{AttentionParams, Backend, BatchLayout, RopeAngles};
+use crate::backend::{AttentionParams, Backend, BatchLayout, MatrixRole, RopeAngles};
 use crate::config::{LayerAttention, ModelConfig};
 use crate::lora::AdapterStack;
 use crate::weights::{TensorSource, optional, require};
@@ -65,6 +65,7 @@ fn opt_vector<B: Backend>(
     vector(b, src, name, len).map(Some)
 }
 
+/// A layer's projection `name`.
 pub(crate) fn matrix<B: Backend>(
     b: &B,
     src: &dyn TensorSource,
@@ -72,7 +73,19 @@ pub(crate) fn matrix<B: Backend>(
     rows: usize,
     cols: usize,
 ) -> Result<B::Matrix, ModelError> {
-    b.matrix(name, require(src, name, rows, cols)?)
+    matrix_as(b, src, name, MatrixRole::Projection, rows, cols)
+}
+
+/// The matrix `name`, used as `role`.
+pub(crate) fn matrix_as<B: Backend>(
+    b: &B,
+    src: &dyn TensorSource,
+    name: &str,
+    role: MatrixRole,
+    rows: usize,
+    cols: usize,
+) -> Result<B::Matrix, ModelError> {
+    b.matrix(name, role, require(src, name, rows, cols)?)
 }
 
 /// Loads layer `i` under the Hugging Face names every supported architecture uses.

@@ -9,4 +9,4 @@ mod model;
 mod qwen2;
 mod qwen3;
 
-pub use model::{LAYER_MATRICES, LogitsWanted, Model, Resume};
+pub use model::{LAYER_MATRICES, LogitsWanted, Model, Resume, matrix_role};

@@ -4,7 +4,7 @@
 use super::decoder::{self, ForwardCtx, Layer};
 use super::{gemma3, llama, qwen2, qwen3};
 use crate::ModelError;
-use crate::backend::{Backend, BatchLayout, KvStore, RopeAngles};
+use crate::backend::{Backend, BatchLayout, KvStore, MatrixRole, RopeAngles};
 use crate::config::{Architecture, ModelConfig};
 use crate::lora::AdapterStack;
 use crate::weights::{TensorSource, optional};
@@ -60,6 +60,16 @@ pub struct Model<B: Backend> {
     inv_freq_local: Vec<f32>,
 }
 
+/// The role of the matrix `name` (as [`Model::replace_matrix`] names them), to build its
+/// replacement the way loading built the original.
+pub fn matrix_role(name: &str) -> MatrixRole {
+    match name {
+        "model.embed_tokens.weight" => MatrixRole::Embedding,
+        "lm_head.weight" => MatrixRole::Head,
+        _ => MatrixRole::Projection,
+    }
+}
+
 impl<B: Backend> Model<B> {
     /// Loads every weight the architecture needs from `src` onto `backend`.
     pub fn load(
@@ -74,9 +84,18 @@ impl<B: Backend> Model<B> {
             Architecture::Gemma3 => &gemma3::SPEC,
         };
         let (v, h) = (config.vocab_size, config.hidden_size);
-        let embed = decoder::matrix(backend, src, "model.embed_tokens.weight", v, h)?;
+        let embed = decoder::matrix_as(
+            backend,
+            src,
+            "model.embed_tokens.weight",
+            MatrixRole::Embedding,
+            v,
+            h,
+        )?;
         let lm_head = match optional(src, "lm_head.weight", v, h)? {
-            Some(t) if !config.tie_word_embeddings => Some(backend.matrix("lm_head.weight", t)?),
+            Some(t) if !config.tie_word_embeddings => {
+                Some(backend.matrix("lm_head.weight", MatrixRole::Head, t)?)
+            }
             Some(_) | None if config.tie_word_embeddings => None,
             _ => {
                 return Err(ModelError::Tensor {

@@ -140,6 +140,18 @@ impl KvLayout {
     }
 }
 
+/// What a weight matrix is for, as the architecture code says (never read off its name): a
+/// backend may store the token table and the output head unlike the layers' projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixRole {
+    /// The token embedding table (the output head too when the model ties them).
+    Embedding,
+    /// The output head (`lm_head`).
+    Head,
+    /// A projection inside a layer (attention or MLP).
+    Projection,
+}
+
 /// Engine-owned key/value storage for a set of sequence slots.
 pub trait KvStore: Send {
     /// The layout it was created with.
@@ -303,8 +315,13 @@ pub trait Backend: Send + Sync {
 
     /// Short name for logs and stats.
     fn name(&self) -> &'static str;
-    /// Takes ownership of a weight matrix read from a file.
-    fn matrix(&self, name: &str, t: HostTensor) -> Result<Self::Matrix, ModelError>;
+    /// Takes ownership of the weight matrix `name` read from a file, used as `role` says.
+    fn matrix(
+        &self,
+        name: &str,
+        role: MatrixRole,
+        t: HostTensor,
+    ) -> Result<Self::Matrix, ModelError>;
     /// Takes a 1-D parameter, converting it to f32.
     fn vector(&self, name: &str, t: HostTensor) -> Result<Self::Vector, ModelError>;
     /// Allocates a dense f32 KV store.

@@ -6,7 +6,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::{
-    AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, KvStore, RopeAngles,
+    AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, KvStore, MatrixRole,
+    RopeAngles,
 };
 use crate::ModelError;
 use crate::config::Activation;
@@ -62,7 +63,12 @@ impl Backend for ReferenceBackend {
         "reference"
     }
 
-    fn matrix(&self, _name: &str, t: HostTensor) -> Result<RefMatrix, ModelError> {
+    fn matrix(
+        &self,
+        _name: &str,
+        _role: MatrixRole,
+        t: HostTensor,
+    ) -> Result<RefMatrix, ModelError> {
         Ok(RefMatrix {
             data: t.to_f32()?,
             rows: t.rows,

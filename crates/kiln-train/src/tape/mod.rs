@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use kiln_model::ModelError;
 use kiln_model::backend::{
-    AttentionParams, Backend, BatchLayout, HostTensor, KvLayout, KvStore, MemoryProfile, RopeAngles,
+    AttentionParams, Backend, BatchLayout, HostTensor, KvLayout, KvStore, MatrixRole,
+    MemoryProfile, RopeAngles,
 };
 use kiln_model::config::{Activation, ModelConfig};
 
@@ -253,7 +254,12 @@ impl Backend for TapeBackend {
         "train"
     }
 
-    fn matrix(&self, name: &str, t: HostTensor) -> Result<TapeMatrix, ModelError> {
+    fn matrix(
+        &self,
+        name: &str,
+        _role: MatrixRole,
+        t: HostTensor,
+    ) -> Result<TapeMatrix, ModelError> {
         let bits = crate::lora::storage_bits(t.ty);
         let data = MatrixData::new(name, t, self.options.dense).map_err(model_error)?;
         let path = name.strip_suffix(".weight").unwrap_or(name);

@@ -23,7 +23,7 @@ pub use kv::CpuKv;
 
 use super::{
     AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, KvPlan, KvQuantFormat,
-    MemoryProfile, OpProfile, RopeAngles,
+    MatrixRole, MemoryProfile, OpProfile, RopeAngles,
 };
 use crate::ModelError;
 use crate::config::Activation;
@@ -143,7 +143,12 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn matrix(&self, name: &str, t: HostTensor) -> Result<CpuMatrix, ModelError> {
+    fn matrix(
+        &self,
+        _name: &str,
+        role: MatrixRole,
+        t: HostTensor,
+    ) -> Result<CpuMatrix, ModelError> {
         if self.options.dense || t.ty == GgmlType::F32 {
             let data = t.to_f32()?;
             return Ok(CpuMatrix::F32 {
@@ -156,7 +161,7 @@ impl Backend for CpuBackend {
         // (f32, `kiln_kernels::head::f32_acts`, which says what this buys) or, for Q8_0 heads on
         // AVX-512, at 16 bits (`kiln_kernels::head::i16_acts`), or for Q6_K heads at AVX2 and
         // above, at 15 bits (`kiln_kernels::head::q6_k_split`, chosen at the matmul).
-        let f32_activations = name == "lm_head.weight" || name == "model.embed_tokens.weight";
+        let f32_activations = matches!(role, MatrixRole::Head | MatrixRole::Embedding);
         if f32_activations
             && kiln_kernels::head::i16_acts::worthwhile(kiln_kernels::cpu_level(), t.ty)
         {
@@ -548,5 +553,51 @@ impl<'a> Timer<'a> {
 impl Drop for Timer<'_> {
     fn drop(&mut self) {
         charge(self.counter, self.start);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q8_0(rows: usize, cols: usize) -> HostTensor {
+        let row = GgmlType::Q8_0.row_bytes(cols).expect("row bytes");
+        HostTensor {
+            ty: GgmlType::Q8_0,
+            rows,
+            cols,
+            bytes: vec![0; rows * row],
+        }
+    }
+
+    fn is_head(m: &CpuMatrix) -> bool {
+        match m {
+            CpuMatrix::RepackedHead(_) => true,
+            CpuMatrix::Quant {
+                f32_activations, ..
+            } => *f32_activations,
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn the_role_not_the_name_decides_how_a_matrix_is_stored() {
+        let b = CpuBackend::new(CpuOptions { dense: false });
+        let head = b
+            .matrix(
+                "model.layers.0.mlp.up_proj.weight",
+                MatrixRole::Head,
+                q8_0(64, 64),
+            )
+            .expect("matrix");
+        assert!(is_head(&head));
+        let table = b
+            .matrix("anything", MatrixRole::Embedding, q8_0(64, 64))
+            .expect("matrix");
+        assert!(is_head(&table));
+        let projection = b
+            .matrix("lm_head.weight", MatrixRole::Projection, q8_0(64, 64))
+            .expect("matrix");
+        assert!(!is_head(&projection));
     }
 }
