@@ -5,6 +5,7 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use kiln_engine::{FinishReason, GenerateOutput, GenerateRequest};
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::stream::MessagesFramer;
@@ -43,6 +44,20 @@ fn plan(state: &SharedState, req: &MessagesRequest) -> Result<ChatTurn, ApiError
             max_calls: single_call.then_some(1),
         },
     )
+}
+
+/// A whole `message` body.
+#[derive(Serialize)]
+struct Message<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    model: &'a str,
+    content: Vec<Value>,
+    stop_reason: &'static str,
+    stop_sequence: Value,
+    usage: Value,
 }
 
 /// The `content` blocks of a whole turn.
@@ -145,19 +160,18 @@ pub async fn handler(
     }
     let out = collect(rx, f).await?;
     let turn = TurnBuilder::whole(plan.shape, &out.text, || state.new_id("toolu_"));
-    let content = content_blocks(&turn);
-    let (reason, seq) = stop_reason(&out, &stop, !turn.calls.is_empty());
-    Ok(axum::Json(json!({
-        "id": id,
-        "type": "message",
-        "role": "assistant",
-        "model": state.info.id,
-        "content": content,
-        "stop_reason": reason,
-        "stop_sequence": seq,
-        "usage": usage(&out),
-    }))
-    .into_response())
+    let (stop_reason, stop_sequence) = stop_reason(&out, &stop, !turn.calls.is_empty());
+    let body = Message {
+        id: &id,
+        kind: "message",
+        role: "assistant",
+        model: &state.info.id,
+        content: content_blocks(&turn),
+        stop_reason,
+        stop_sequence,
+        usage: usage(&out),
+    };
+    Ok(axum::Json(body).into_response())
 }
 
 /// The count_tokens handler: `{"input_tokens": N}`.

@@ -5,8 +5,8 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use kiln_engine::GenerateRequest;
-use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use super::chat_stream::ChatFramer;
 use super::{logprobs, usage};
@@ -227,39 +227,67 @@ pub async fn handler(
     }
     let out = collect(rx, Flavor::OpenAi).await?;
     let turn = TurnBuilder::whole(plan.shape, &out.text, || state.new_id("call_"));
-    let message = message(&turn);
     let lp = if plan.logprobs {
         logprobs::chat(&state.info.tokenizer, &out.logprobs)
     } else {
         Value::Null
     };
-    Ok(axum::Json(json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": unix_now(),
-        "model": state.info.id,
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": lp,
-            "finish_reason": finish_reason_str(&out, !turn.calls.is_empty()),
+    let body = ChatCompletion {
+        id: &id,
+        object: "chat.completion",
+        created: unix_now(),
+        model: &state.info.id,
+        choices: [ChatChoice {
+            index: 0,
+            message: AssistantMessage::of(&turn),
+            logprobs: lp,
+            finish_reason: finish_reason_str(&out, !turn.calls.is_empty()),
         }],
-        "usage": usage(&out),
-    }))
-    .into_response())
+        usage: usage(&out),
+    };
+    Ok(axum::Json(body).into_response())
 }
 
-/// The assistant `message` of a whole turn.
-fn message(turn: &Turn) -> Value {
-    let mut message = json!({"role": "assistant", "content": turn.content});
-    if !turn.reasoning.is_empty() {
-        message["reasoning"] = json!(turn.reasoning);
-    }
-    if !turn.calls.is_empty() {
-        if turn.content.is_empty() {
-            message["content"] = Value::Null;
+/// A whole `chat.completion` body.
+#[derive(Serialize)]
+struct ChatCompletion<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [ChatChoice<'a>; 1],
+    usage: Value,
+}
+
+/// The one choice kiln generates.
+#[derive(Serialize)]
+struct ChatChoice<'a> {
+    index: u32,
+    message: AssistantMessage<'a>,
+    logprobs: Value,
+    finish_reason: &'static str,
+}
+
+/// The assistant's message: `content` is null when the turn only calls tools; `reasoning` and
+/// `tool_calls` appear only when there are some.
+#[derive(Serialize)]
+struct AssistantMessage<'a> {
+    role: &'static str,
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    reasoning: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Value>,
+}
+
+impl<'a> AssistantMessage<'a> {
+    fn of(turn: &'a Turn) -> Self {
+        let calls = !turn.calls.is_empty();
+        Self {
+            role: "assistant",
+            content: (!calls || !turn.content.is_empty()).then_some(turn.content.as_str()),
+            reasoning: &turn.reasoning,
+            tool_calls: calls.then(|| super::chat_stream::tool_calls(turn, false)),
         }
-        message["tool_calls"] = super::chat_stream::tool_calls(turn, false);
     }
-    message
 }
