@@ -121,8 +121,13 @@ pub trait Framer: Send + 'static {
 }
 
 /// `data: <json>\n\n`.
-pub fn data_frame(v: &serde_json::Value) -> String {
-    format!("data: {v}\n\n")
+pub fn data_frame<T: serde::Serialize + ?Sized>(v: &T) -> String {
+    // kiln's bodies are maps with string keys: serialising them cannot fail.
+    let json = serde_json::to_string(v).unwrap_or_else(|e| {
+        tracing::error!("a response frame did not serialise: {e}");
+        "{}".into()
+    });
+    format!("data: {json}\n\n")
 }
 
 /// `event: <name>\ndata: <json>\n\n`.

@@ -5,7 +5,7 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use kiln_engine::GenerateOutput;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{logprobs, usage};
@@ -157,16 +157,41 @@ pub async fn handler(
         Some(k) => logprobs::completion(&state.info.tokenizer, &out.logprobs, k > 0),
         None => Value::Null,
     };
-    Ok(axum::Json(json!({
-        "id": id,
-        "object": "text_completion",
-        "created": unix_now(),
-        "model": state.info.id,
-        "choices": [{"index": 0, "text": out.text, "logprobs": lp,
-                     "finish_reason": finish_reason_str(&out, false)}],
-        "usage": usage(&out),
-    }))
-    .into_response())
+    let body = TextCompletion {
+        id: &id,
+        object: "text_completion",
+        created: unix_now(),
+        model: &state.info.id,
+        choices: [TextChoice {
+            index: 0,
+            text: &out.text,
+            logprobs: lp,
+            finish_reason: Some(finish_reason_str(&out, false)),
+        }],
+        usage: Some(usage(&out)),
+    };
+    Ok(axum::Json(body).into_response())
+}
+
+/// A `text_completion` body, whole or one stream chunk (no `usage` but on the last).
+#[derive(Serialize)]
+struct TextCompletion<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [TextChoice<'a>; 1],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Value>,
+}
+
+/// The one choice kiln generates (`finish_reason` null until the end).
+#[derive(Serialize)]
+struct TextChoice<'a> {
+    index: u32,
+    text: &'a str,
+    logprobs: Value,
+    finish_reason: Option<&'static str>,
 }
 
 struct CompletionFramer {
@@ -184,6 +209,28 @@ struct CompletionFramer {
 }
 
 impl CompletionFramer {
+    fn body<'a>(
+        &'a self,
+        text: &'a str,
+        logprobs: Value,
+        finish_reason: Option<&'static str>,
+        usage: Option<Value>,
+    ) -> TextCompletion<'a> {
+        TextCompletion {
+            id: &self.id,
+            object: "text_completion",
+            created: self.created,
+            model: &self.state.info.id,
+            choices: [TextChoice {
+                index: 0,
+                text,
+                logprobs,
+                finish_reason,
+            }],
+            usage,
+        }
+    }
+
     fn chunk(&mut self, text: &str) -> String {
         let lp = match self.top {
             Some(k) if !self.pending.is_empty() => {
@@ -193,13 +240,7 @@ impl CompletionFramer {
             }
             _ => Value::Null,
         };
-        data_frame(&json!({
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.state.info.id,
-            "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": null}],
-        }))
+        data_frame(&self.body(text, lp, None, None))
     }
 }
 
@@ -216,26 +257,21 @@ impl Framer for CompletionFramer {
     }
 
     fn done(&mut self, out: &GenerateOutput) -> String {
-        let mut last = json!({
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.state.info.id,
-            "choices": [{"index": 0, "text": "", "logprobs": null,
-                         "finish_reason": finish_reason_str(out, false)}],
-            "usage": usage(out),
-        });
         // Logprobs went out with their text; the tokens whose text never came out (held back
         // at a stop string, or none) ride on the last chunk, whose text is empty.
-        if let Some(k) = self.top {
-            let rest = out.logprobs.get(self.sent..).unwrap_or_default();
-            last["choices"][0]["logprobs"] = logprobs::completion_from(
-                &self.state.info.tokenizer,
-                rest,
-                k > 0,
-                &mut self.offset,
-            );
-        }
+        let lp = match self.top {
+            Some(k) => {
+                let rest = out.logprobs.get(self.sent..).unwrap_or_default();
+                logprobs::completion_from(&self.state.info.tokenizer, rest, k > 0, &mut self.offset)
+            }
+            None => Value::Null,
+        };
+        let last = self.body(
+            "",
+            lp,
+            Some(finish_reason_str(out, false)),
+            Some(usage(out)),
+        );
         format!("{}data: [DONE]\n\n", data_frame(&last))
     }
 
