@@ -3,6 +3,7 @@
 
 use kiln_engine::GenerateOutput;
 use kiln_engine::request::TokenLogprob;
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::usage;
@@ -40,6 +41,28 @@ pub fn tool_calls(turn: &Turn, indexed: bool) -> Value {
         .collect()
 }
 
+/// One `chat.completion.chunk`: a delta of the one choice, or (last, with
+/// `stream_options.include_usage`) no choice and the usage.
+#[derive(Serialize)]
+struct ChatChunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: Vec<ChunkChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Value>,
+}
+
+/// The choice's part of a chunk (`finish_reason` null until the end).
+#[derive(Serialize)]
+struct ChunkChoice<'a> {
+    index: u32,
+    delta: Value,
+    logprobs: Value,
+    finish_reason: Option<&'a str>,
+}
+
 impl ChatFramer {
     /// A framer for response `id`.
     pub fn new(
@@ -66,13 +89,24 @@ impl ChatFramer {
     }
 
     fn chunk_with(&self, delta: Value, finish: Option<&str>, logprobs: Value) -> String {
-        data_frame(&json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.state.info.id,
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
-        }))
+        let choice = ChunkChoice {
+            index: 0,
+            delta,
+            logprobs,
+            finish_reason: finish,
+        };
+        data_frame(&self.frame(vec![choice], None))
+    }
+
+    fn frame<'a>(&'a self, choices: Vec<ChunkChoice<'a>>, usage: Option<Value>) -> ChatChunk<'a> {
+        ChatChunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.state.info.id,
+            choices,
+            usage,
+        }
     }
 
     /// Reasoning deltas as `{reasoning}`, content as `{content}`; the pending logprobs ride
@@ -133,14 +167,7 @@ impl Framer for ChatFramer {
         let finish = finish_reason_str(out, !turn.calls.is_empty());
         frames.push_str(&self.chunk_with(json!({}), Some(finish), lp));
         if self.include_usage {
-            frames.push_str(&data_frame(&json!({
-                "id": self.id,
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.state.info.id,
-                "choices": [],
-                "usage": usage(out),
-            })));
+            frames.push_str(&data_frame(&self.frame(Vec::new(), Some(usage(out)))));
         }
         frames.push_str("data: [DONE]\n\n");
         frames
