@@ -148,7 +148,7 @@ impl<B: Backend> Engine<B> {
                 self.truncate_cache(depth);
                 let t = Instant::now();
                 let batch = BatchLayout::single(0, depth, ids.len());
-                self.forward_raw_with(&ids, &batch, adapters)?;
+                self.forward_batch_with(&ids, &batch, adapters)?;
                 if rep > 0 {
                     samples.push(ids.len() as f64 / t.elapsed().as_secs_f64());
                 }

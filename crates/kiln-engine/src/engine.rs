@@ -229,32 +229,10 @@ impl<B: Backend> Engine<B> {
         self.kv.set_seq_len(slot, len.min(self.kv.seq_len(slot)));
     }
 
-    /// One forward of slot 0 returning the last position's logits, without prompt bookkeeping
-    /// (benchmarks, with no sequence in flight); call [`Engine::reset`] before reusing the
-    /// engine for generation.
-    pub fn forward_raw(
-        &mut self,
-        tokens: &[u32],
-        batch: &BatchLayout,
-    ) -> Result<Vec<f32>, EngineError> {
-        self.forward_raw_with(tokens, batch, None)
-    }
-
-    /// [`Engine::forward_raw`] with `adapters` on every span (benchmarks).
-    pub fn forward_raw_with(
-        &mut self,
-        tokens: &[u32],
-        batch: &BatchLayout,
-        adapters: Option<&AdapterStack>,
-    ) -> Result<Vec<f32>, EngineError> {
-        self.refuse_while_busy()?;
-        self.sched.slots_mut().truncate(0, 0);
-        self.forward_batch_with(tokens, batch, adapters)
-    }
-
     /// One forward of any layout over the engine's slots, returning the last position's logits
-    /// of each span, then the conversions due in every slot it touched (benchmarks of batched
-    /// decode, with no sequence in flight).
+    /// of each span, then the conversions due in every slot it touched, without prompt
+    /// bookkeeping (benchmarks and evaluations, with no sequence in flight); call
+    /// [`Engine::reset`] before reusing the engine for generation.
     pub fn forward_batch(
         &mut self,
         tokens: &[u32],

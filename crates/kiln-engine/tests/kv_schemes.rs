@@ -68,7 +68,7 @@ fn step_by_step(e: &mut Engine<CpuBackend>, tokens: &[u32]) -> Vec<Vec<f32>> {
         .iter()
         .enumerate()
         .map(|(pos, t)| {
-            e.forward_raw(&[*t], &BatchLayout::single(0, pos, 1))
+            e.forward_batch(&[*t], &BatchLayout::single(0, pos, 1))
                 .expect("forward")
         })
         .collect()
@@ -89,7 +89,7 @@ fn delayed_start_is_dense_before_the_boundary_and_converts_each_layer_once_at_it
     let layers = e.model().config.num_layers as u64;
     for (pos, t) in tokens.iter().enumerate() {
         let logits = e
-            .forward_raw(&[*t], &BatchLayout::single(0, pos, 1))
+            .forward_batch(&[*t], &BatchLayout::single(0, pos, 1))
             .unwrap();
         let len = pos + 1;
         // Every forward up to and including the one that reaches the start ran on the dense
