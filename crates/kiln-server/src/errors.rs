@@ -3,7 +3,7 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
 
 /// Which API family an error is reported in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,20 +131,70 @@ impl ApiError {
     }
 
     /// The JSON body of this error.
-    pub fn body(&self) -> serde_json::Value {
+    pub fn body(&self) -> ErrorBody<'_> {
         match self.flavor {
-            Flavor::OpenAi => json!({"error": {
-                "message": self.message,
-                "type": self.openai_type(),
-                "param": null,
-                "code": self.code,
-            }}),
-            Flavor::Anthropic => json!({"type": "error", "error": {
-                "type": self.anthropic_type(),
-                "message": self.message,
-            }}),
+            Flavor::OpenAi => ErrorBody::OpenAi {
+                error: OpenAiError {
+                    message: &self.message,
+                    kind: self.openai_type(),
+                    param: None,
+                    code: self.code,
+                },
+            },
+            Flavor::Anthropic => ErrorBody::Anthropic {
+                kind: "error",
+                error: AnthropicError {
+                    kind: self.anthropic_type(),
+                    message: &self.message,
+                },
+            },
         }
     }
+}
+
+impl std::fmt::Display for ErrorBody<'_> {
+    /// The body as JSON text.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let json = serde_json::to_string(self).map_err(|_| std::fmt::Error)?;
+        f.write_str(&json)
+    }
+}
+
+/// An error body in its surface's shape.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum ErrorBody<'a> {
+    /// `{"error":{"message","type","param","code"}}`.
+    OpenAi {
+        /// The error.
+        error: OpenAiError<'a>,
+    },
+    /// `{"type":"error","error":{"type","message"}}`.
+    Anthropic {
+        /// Always `error`.
+        #[serde(rename = "type")]
+        kind: &'static str,
+        /// The error.
+        error: AnthropicError<'a>,
+    },
+}
+
+/// OpenAI's error object.
+#[derive(Serialize)]
+pub struct OpenAiError<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    param: Option<&'static str>,
+    code: Option<&'static str>,
+}
+
+/// Anthropic's error object.
+#[derive(Serialize)]
+pub struct AnthropicError<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    message: &'a str,
 }
 
 impl std::fmt::Display for ApiError {
@@ -168,10 +218,15 @@ impl IntoResponse for ApiError {
 mod tests {
     use super::*;
 
+    fn body_json(e: &ApiError) -> serde_json::Value {
+        serde_json::to_value(e.body()).expect("an error body serialises")
+    }
+
     #[test]
     fn openai_shape_names_type_and_code() {
         let e = ApiError::unauthorized();
-        let b = e.body();
+        let b = body_json(&e);
+        assert!(b["error"]["param"].is_null());
         assert_eq!(b["error"]["type"], "authentication_error");
         assert_eq!(b["error"]["code"], "invalid_api_key");
         assert!(b["error"]["message"].as_str().unwrap().contains("API key"));
@@ -180,7 +235,7 @@ mod tests {
     #[test]
     fn anthropic_shape() {
         let e = ApiError::bad_request("messages: empty").flavor(Flavor::Anthropic);
-        let b = e.body();
+        let b = body_json(&e);
         assert_eq!(b["type"], "error");
         assert_eq!(b["error"]["type"], "invalid_request_error");
         assert_eq!(b["error"]["message"], "messages: empty");

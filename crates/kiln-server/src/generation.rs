@@ -122,17 +122,20 @@ pub trait Framer: Send + 'static {
 
 /// `data: <json>\n\n`.
 pub fn data_frame<T: serde::Serialize + ?Sized>(v: &T) -> String {
-    // kiln's bodies are maps with string keys: serialising them cannot fail.
-    let json = serde_json::to_string(v).unwrap_or_else(|e| {
-        tracing::error!("a response frame did not serialise: {e}");
-        "{}".into()
-    });
-    format!("data: {json}\n\n")
+    format!("data: {}\n\n", frame_json(v))
 }
 
 /// `event: <name>\ndata: <json>\n\n`.
-pub fn event_frame(name: &str, v: &serde_json::Value) -> String {
-    format!("event: {name}\ndata: {v}\n\n")
+pub fn event_frame<T: serde::Serialize + ?Sized>(name: &str, v: &T) -> String {
+    format!("event: {name}\ndata: {}\n\n", frame_json(v))
+}
+
+fn frame_json<T: serde::Serialize + ?Sized>(v: &T) -> String {
+    // kiln's bodies are maps with string keys: serialising them cannot fail.
+    serde_json::to_string(v).unwrap_or_else(|e| {
+        tracing::error!("a response frame did not serialise: {e}");
+        "{}".into()
+    })
 }
 
 enum Phase {

@@ -54,60 +54,109 @@ struct Message<'a> {
     kind: &'static str,
     role: &'static str,
     model: &'a str,
-    content: Vec<Value>,
+    content: Vec<ContentBlock<'a>>,
     stop_reason: &'static str,
-    stop_sequence: Value,
-    usage: Value,
+    stop_sequence: Option<&'a str>,
+    usage: Usage,
+}
+
+/// One content block of an assistant message (whole, or as a stream's block starts).
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentBlock<'a> {
+    /// Reasoning; `signature` is empty in whole messages and left out at a stream's start.
+    Thinking {
+        /// The reasoning text.
+        thinking: &'a str,
+        /// kiln does not sign its reasoning.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        signature: Option<&'a str>,
+    },
+    /// Answer text.
+    Text {
+        /// The text.
+        text: &'a str,
+    },
+    /// A tool call.
+    ToolUse {
+        /// `toolu_…`.
+        id: &'a str,
+        /// The tool.
+        name: &'a str,
+        /// Its arguments (an object; `{}` when the model wrote none that parse).
+        input: Value,
+    },
 }
 
 /// The `content` blocks of a whole turn.
-fn content_blocks(turn: &Turn) -> Vec<Value> {
+fn content_blocks(turn: &Turn) -> Vec<ContentBlock<'_>> {
     let mut content = Vec::new();
     if !turn.reasoning.is_empty() {
-        content.push(json!({"type": "thinking", "thinking": turn.reasoning, "signature": ""}));
+        content.push(ContentBlock::Thinking {
+            thinking: &turn.reasoning,
+            signature: Some(""),
+        });
     }
     if !turn.content.is_empty() {
-        content.push(json!({"type": "text", "text": turn.content}));
+        content.push(ContentBlock::Text {
+            text: &turn.content,
+        });
     }
     for c in &turn.calls {
         let input: Value = serde_json::from_str(&c.arguments).unwrap_or(json!({}));
-        content.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}));
+        content.push(ContentBlock::ToolUse {
+            id: &c.id,
+            name: &c.name,
+            input,
+        });
     }
     if content.is_empty() {
-        content.push(json!({"type": "text", "text": ""}));
+        content.push(ContentBlock::Text { text: "" });
     }
     content
 }
 
 /// Anthropic `stop_reason` and `stop_sequence`.
-pub fn stop_reason(
+pub fn stop_reason<'a>(
     out: &GenerateOutput,
-    stops: &[String],
+    stops: &'a [String],
     tool_calls: bool,
-) -> (&'static str, Value) {
+) -> (&'static str, Option<&'a str>) {
     if tool_calls {
-        return ("tool_use", Value::Null);
+        return ("tool_use", None);
     }
     if let Some(i) = out.stop_index {
-        return (
-            "stop_sequence",
-            stops.get(i).map_or(Value::Null, |s| json!(s)),
-        );
+        return ("stop_sequence", stops.get(i).map(String::as_str));
     }
     match out.finish_reason {
-        FinishReason::Length => ("max_tokens", Value::Null),
-        _ => ("end_turn", Value::Null),
+        FinishReason::Length => ("max_tokens", None),
+        _ => ("end_turn", None),
     }
 }
 
 /// Anthropic `usage`.
-pub fn usage(out: &GenerateOutput) -> Value {
-    json!({
-        "input_tokens": out.stats.prompt_tokens,
-        "output_tokens": out.tokens.len(),
-        "cache_read_input_tokens": out.stats.cached_tokens,
-        "cache_creation_input_tokens": 0,
-    })
+#[derive(Serialize)]
+pub struct Usage {
+    input_tokens: usize,
+    output_tokens: usize,
+    cache_read_input_tokens: usize,
+    cache_creation_input_tokens: usize,
+}
+
+/// Anthropic `usage` of a finished answer.
+pub fn usage(out: &GenerateOutput) -> Usage {
+    Usage {
+        input_tokens: out.stats.prompt_tokens,
+        output_tokens: out.tokens.len(),
+        cache_read_input_tokens: out.stats.cached_tokens,
+        cache_creation_input_tokens: 0,
+    }
+}
+
+/// The count_tokens body.
+#[derive(Serialize)]
+struct TokenCount {
+    input_tokens: usize,
 }
 
 /// The messages handler.
@@ -183,5 +232,8 @@ pub async fn count_tokens(
     let req: MessagesRequest = parse_request(body, f)?;
     // Counted on the plan the messages call runs, so the two always agree.
     let turn = blocking(f, move || plan(&state, &req).map_err(|e| e.flavor(f))).await?;
-    Ok(axum::Json(json!({"input_tokens": turn.prompt.len()})).into_response())
+    let body = TokenCount {
+        input_tokens: turn.prompt.len(),
+    };
+    Ok(axum::Json(body).into_response())
 }

@@ -3,12 +3,124 @@
 //! and `message_stop`.
 
 use kiln_engine::GenerateOutput;
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
-use super::messages::{stop_reason, usage};
+use super::messages::{ContentBlock, Usage, stop_reason, usage};
+use crate::errors::{ApiError, Flavor};
 use crate::generation::{Framer, event_frame};
 use crate::state::SharedState;
 use crate::turn::{Delta, TurnBuilder, TurnShape};
+
+/// One event of the stream; its `type` is also the SSE event name.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum StreamEvent<'a> {
+    MessageStart {
+        message: StartMessage<'a>,
+    },
+    ContentBlockStart {
+        index: usize,
+        content_block: ContentBlock<'a>,
+    },
+    ContentBlockDelta {
+        index: usize,
+        delta: BlockDelta<'a>,
+    },
+    ContentBlockStop {
+        index: usize,
+    },
+    MessageDelta {
+        delta: StopDelta<'a>,
+        usage: Usage,
+    },
+    MessageStop,
+}
+
+impl StreamEvent<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            StreamEvent::MessageStart { .. } => "message_start",
+            StreamEvent::ContentBlockStart { .. } => "content_block_start",
+            StreamEvent::ContentBlockDelta { .. } => "content_block_delta",
+            StreamEvent::ContentBlockStop { .. } => "content_block_stop",
+            StreamEvent::MessageDelta { .. } => "message_delta",
+            StreamEvent::MessageStop => "message_stop",
+        }
+    }
+
+    fn frame(&self) -> String {
+        event_frame(self.name(), self)
+    }
+}
+
+/// The message as `message_start` announces it: no content yet.
+#[derive(Serialize)]
+struct StartMessage<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    content: [(); 0],
+    model: &'a str,
+    stop_reason: Option<&'static str>,
+    stop_sequence: Option<&'static str>,
+    usage: StartUsage,
+}
+
+/// The usage known at the start.
+#[derive(Serialize)]
+struct StartUsage {
+    input_tokens: usize,
+    output_tokens: usize,
+}
+
+/// A piece of the open block.
+#[derive(Serialize)]
+#[serde(tag = "type")]
+enum BlockDelta<'a> {
+    #[serde(rename = "text_delta")]
+    Text { text: &'a str },
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: &'a str },
+    #[serde(rename = "signature_delta")]
+    Signature { signature: &'a str },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: &'a str },
+}
+
+/// `message_delta`'s stop fields.
+#[derive(Serialize)]
+struct StopDelta<'a> {
+    stop_reason: &'static str,
+    stop_sequence: Option<&'a str>,
+}
+
+/// The kinds of block text streams into.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TextBlock {
+    Text,
+    Thinking,
+}
+
+impl TextBlock {
+    fn start(self) -> ContentBlock<'static> {
+        match self {
+            TextBlock::Text => ContentBlock::Text { text: "" },
+            TextBlock::Thinking => ContentBlock::Thinking {
+                thinking: "",
+                signature: None,
+            },
+        }
+    }
+
+    fn delta(self, text: &str) -> BlockDelta<'_> {
+        match self {
+            TextBlock::Text => BlockDelta::Text { text },
+            TextBlock::Thinking => BlockDelta::Thinking { thinking: text },
+        }
+    }
+}
 
 /// Frames one messages stream.
 pub struct MessagesFramer {
@@ -17,8 +129,8 @@ pub struct MessagesFramer {
     turn: TurnBuilder,
     stops: Vec<String>,
     input_tokens: usize,
-    /// The kind of the open block (`"text"` or `"thinking"`), at `next_index`.
-    open: Option<&'static str>,
+    /// The kind of the open block, at `next_index`.
+    open: Option<TextBlock>,
     had_text: bool,
     next_index: usize,
 }
@@ -45,25 +157,25 @@ impl MessagesFramer {
     }
 
     /// A delta of `kind`, opening (and closing the previous) block as needed.
-    fn delta(&mut self, kind: &'static str, text: &str) -> String {
+    fn delta(&mut self, kind: TextBlock, text: &str) -> String {
         let mut f = String::new();
         if self.open != Some(kind) {
             f.push_str(&self.close());
             self.open = Some(kind);
-            f.push_str(&event_frame(
-                "content_block_start",
-                &json!({"type": "content_block_start", "index": self.next_index,
-                        "content_block": {"type": kind, kind: ""}}),
-            ));
+            let start = StreamEvent::ContentBlockStart {
+                index: self.next_index,
+                content_block: kind.start(),
+            };
+            f.push_str(&start.frame());
         }
-        if kind == "text" {
+        if kind == TextBlock::Text {
             self.had_text = true;
         }
-        f.push_str(&event_frame(
-            "content_block_delta",
-            &json!({"type": "content_block_delta", "index": self.next_index,
-                    "delta": {"type": format!("{kind}_delta"), kind: text}}),
-        ));
+        let delta = StreamEvent::ContentBlockDelta {
+            index: self.next_index,
+            delta: kind.delta(text),
+        };
+        f.push_str(&delta.frame());
         f
     }
 
@@ -71,18 +183,13 @@ impl MessagesFramer {
         let Some(kind) = self.open.take() else {
             return String::new();
         };
+        let index = self.next_index;
         let mut f = String::new();
-        if kind == "thinking" {
-            f.push_str(&event_frame(
-                "content_block_delta",
-                &json!({"type": "content_block_delta", "index": self.next_index,
-                        "delta": {"type": "signature_delta", "signature": ""}}),
-            ));
+        if kind == TextBlock::Thinking {
+            let delta = BlockDelta::Signature { signature: "" };
+            f.push_str(&StreamEvent::ContentBlockDelta { index, delta }.frame());
         }
-        f.push_str(&event_frame(
-            "content_block_stop",
-            &json!({"type": "content_block_stop", "index": self.next_index}),
-        ));
+        f.push_str(&StreamEvent::ContentBlockStop { index }.frame());
         self.next_index += 1;
         f
     }
@@ -91,8 +198,8 @@ impl MessagesFramer {
         let mut f = String::new();
         for d in deltas {
             match d {
-                Delta::Reasoning(r) => f.push_str(&self.delta("thinking", &r)),
-                Delta::Content(c) => f.push_str(&self.delta("text", &c)),
+                Delta::Reasoning(r) => f.push_str(&self.delta(TextBlock::Thinking, &r)),
+                Delta::Content(c) => f.push_str(&self.delta(TextBlock::Text, &c)),
             }
         }
         f
@@ -101,14 +208,20 @@ impl MessagesFramer {
 
 impl Framer for MessagesFramer {
     fn start(&mut self) -> String {
-        event_frame(
-            "message_start",
-            &json!({"type": "message_start", "message": {
-                "id": self.id, "type": "message", "role": "assistant", "content": [],
-                "model": self.state.info.id, "stop_reason": null, "stop_sequence": null,
-                "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
-            }}),
-        )
+        let message = StartMessage {
+            id: &self.id,
+            kind: "message",
+            role: "assistant",
+            content: [],
+            model: &self.state.info.id,
+            stop_reason: None,
+            stop_sequence: None,
+            usage: StartUsage {
+                input_tokens: self.input_tokens,
+                output_tokens: 0,
+            },
+        };
+        StreamEvent::MessageStart { message }.frame()
     }
 
     fn text(&mut self, piece: &str, _logprobs: Vec<kiln_engine::request::TokenLogprob>) -> String {
@@ -123,46 +236,87 @@ impl Framer for MessagesFramer {
         let calls = turn.calls;
         if calls.is_empty() && !self.had_text {
             // An answer without text still has one (empty) text block.
-            f.push_str(&self.delta("text", ""));
+            f.push_str(&self.delta(TextBlock::Text, ""));
         }
         f.push_str(&self.close());
         for c in &calls {
-            let i = self.next_index;
+            let index = self.next_index;
             self.next_index += 1;
-            f.push_str(&event_frame(
-                "content_block_start",
-                &json!({"type": "content_block_start", "index": i, "content_block": {
-                    "type": "tool_use", "id": c.id, "name": c.name, "input": {}}}),
-            ));
-            f.push_str(&event_frame(
-                "content_block_delta",
-                &json!({"type": "content_block_delta", "index": i,
-                        "delta": {"type": "input_json_delta", "partial_json": c.arguments}}),
-            ));
-            f.push_str(&event_frame(
-                "content_block_stop",
-                &json!({"type": "content_block_stop", "index": i}),
-            ));
+            let content_block = ContentBlock::ToolUse {
+                id: &c.id,
+                name: &c.name,
+                input: Value::Object(Map::new()),
+            };
+            f.push_str(
+                &StreamEvent::ContentBlockStart {
+                    index,
+                    content_block,
+                }
+                .frame(),
+            );
+            let delta = BlockDelta::InputJson {
+                partial_json: &c.arguments,
+            };
+            f.push_str(&StreamEvent::ContentBlockDelta { index, delta }.frame());
+            f.push_str(&StreamEvent::ContentBlockStop { index }.frame());
         }
-        let (reason, seq) = stop_reason(out, &self.stops, !calls.is_empty());
-        let mut u: Value = usage(out);
-        u["input_tokens"] = json!(out.stats.prompt_tokens);
-        f.push_str(&event_frame(
-            "message_delta",
-            &json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
-                    "usage": u}),
-        ));
-        f.push_str(&event_frame(
-            "message_stop",
-            &json!({"type": "message_stop"}),
-        ));
+        let (stop_reason, stop_sequence) = stop_reason(out, &self.stops, !calls.is_empty());
+        let end = StreamEvent::MessageDelta {
+            delta: StopDelta {
+                stop_reason,
+                stop_sequence,
+            },
+            usage: usage(out),
+        };
+        f.push_str(&end.frame());
+        f.push_str(&StreamEvent::MessageStop.frame());
         f
     }
 
     fn failed(&mut self, message: &str) -> String {
-        event_frame(
-            "error",
-            &json!({"type": "error", "error": {"type": "api_error", "message": message}}),
-        )
+        let e = ApiError::internal(message).flavor(Flavor::Anthropic);
+        event_frame("error", &e.body())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn json_of(e: &StreamEvent<'_>) -> Value {
+        serde_json::to_value(e).expect("an event serialises")
+    }
+
+    #[test]
+    fn events_carry_their_name_as_type() {
+        let delta = StreamEvent::ContentBlockDelta {
+            index: 2,
+            delta: TextBlock::Thinking.delta("hm"),
+        };
+        assert_eq!(
+            json_of(&delta),
+            json!({"type": "content_block_delta", "index": 2,
+                   "delta": {"type": "thinking_delta", "thinking": "hm"}})
+        );
+        assert!(
+            delta
+                .frame()
+                .starts_with("event: content_block_delta\ndata: {")
+        );
+        let start = StreamEvent::ContentBlockStart {
+            index: 0,
+            content_block: TextBlock::Thinking.start(),
+        };
+        assert_eq!(
+            json_of(&start)["content_block"],
+            json!({"type": "thinking", "thinking": ""})
+        );
+        for e in [
+            StreamEvent::MessageStop,
+            StreamEvent::ContentBlockStop { index: 1 },
+        ] {
+            assert_eq!(json_of(&e)["type"], e.name());
+        }
     }
 }

@@ -8,8 +8,9 @@ use kiln_engine::GenerateRequest;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::chat_stream::ChatFramer;
-use super::{logprobs, usage};
+use super::chat_stream::{ChatFramer, ToolCall};
+use super::logprobs::ChatLogprobs;
+use super::{Usage, logprobs, usage};
 
 use crate::body::parse_request;
 use crate::chat_plan::{ChatInput, plan_chat};
@@ -227,11 +228,9 @@ pub async fn handler(
     }
     let out = collect(rx, Flavor::OpenAi).await?;
     let turn = TurnBuilder::whole(plan.shape, &out.text, || state.new_id("call_"));
-    let lp = if plan.logprobs {
-        logprobs::chat(&state.info.tokenizer, &out.logprobs)
-    } else {
-        Value::Null
-    };
+    let lp = plan
+        .logprobs
+        .then(|| logprobs::chat(&state.info.tokenizer, &out.logprobs));
     let body = ChatCompletion {
         id: &id,
         object: "chat.completion",
@@ -256,7 +255,7 @@ struct ChatCompletion<'a> {
     created: u64,
     model: &'a str,
     choices: [ChatChoice<'a>; 1],
-    usage: Value,
+    usage: Usage,
 }
 
 /// The one choice kiln generates.
@@ -264,7 +263,7 @@ struct ChatCompletion<'a> {
 struct ChatChoice<'a> {
     index: u32,
     message: AssistantMessage<'a>,
-    logprobs: Value,
+    logprobs: Option<ChatLogprobs>,
     finish_reason: &'static str,
 }
 
@@ -277,7 +276,7 @@ struct AssistantMessage<'a> {
     #[serde(skip_serializing_if = "str::is_empty")]
     reasoning: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    tool_calls: Option<Value>,
+    tool_calls: Option<Vec<ToolCall<'a>>>,
 }
 
 impl<'a> AssistantMessage<'a> {

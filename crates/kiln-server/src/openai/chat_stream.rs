@@ -4,9 +4,10 @@
 use kiln_engine::GenerateOutput;
 use kiln_engine::request::TokenLogprob;
 use serde::Serialize;
-use serde_json::{Value, json};
 
-use super::usage;
+use super::logprobs::ChatLogprobs;
+use super::{Usage, usage};
+use crate::errors::ApiError;
 use crate::generation::{Framer, data_frame, finish_reason_str};
 use crate::state::{SharedState, unix_now};
 use crate::turn::{Delta, Turn, TurnBuilder, TurnShape};
@@ -25,20 +26,52 @@ pub struct ChatFramer {
     sent: usize,
 }
 
+/// One entry of `tool_calls` (`index` only in stream deltas).
+#[derive(Serialize)]
+pub struct ToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: FunctionCall<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    index: Option<usize>,
+}
+
+/// The called function and its arguments (a JSON string).
+#[derive(Serialize)]
+pub struct FunctionCall<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
 /// `tool_calls` of a turn (`indexed`: with the `index` stream deltas carry).
-pub fn tool_calls(turn: &Turn, indexed: bool) -> Value {
+pub fn tool_calls(turn: &Turn, indexed: bool) -> Vec<ToolCall<'_>> {
     turn.calls
         .iter()
         .enumerate()
-        .map(|(i, c)| {
-            let mut v = json!({"id": c.id, "type": "function",
-                               "function": {"name": c.name, "arguments": c.arguments}});
-            if indexed {
-                v["index"] = json!(i);
-            }
-            v
+        .map(|(i, c)| ToolCall {
+            id: &c.id,
+            kind: "function",
+            function: FunctionCall {
+                name: &c.name,
+                arguments: &c.arguments,
+            },
+            index: indexed.then_some(i),
         })
         .collect()
+}
+
+/// The `delta` of a chunk: only the fields it changes.
+#[derive(Serialize, Default)]
+struct ChunkDelta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<ToolCall<'a>>>,
 }
 
 /// One `chat.completion.chunk`: a delta of the one choice, or (last, with
@@ -51,15 +84,15 @@ struct ChatChunk<'a> {
     model: &'a str,
     choices: Vec<ChunkChoice<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<Value>,
+    usage: Option<Usage>,
 }
 
 /// The choice's part of a chunk (`finish_reason` null until the end).
 #[derive(Serialize)]
 struct ChunkChoice<'a> {
     index: u32,
-    delta: Value,
-    logprobs: Value,
+    delta: ChunkDelta<'a>,
+    logprobs: Option<ChatLogprobs>,
     finish_reason: Option<&'a str>,
 }
 
@@ -84,11 +117,16 @@ impl ChatFramer {
         }
     }
 
-    fn chunk(&self, delta: Value, finish: Option<&str>) -> String {
-        self.chunk_with(delta, finish, Value::Null)
+    fn chunk(&self, delta: ChunkDelta<'_>, finish: Option<&str>) -> String {
+        self.chunk_with(delta, finish, None)
     }
 
-    fn chunk_with(&self, delta: Value, finish: Option<&str>, logprobs: Value) -> String {
+    fn chunk_with(
+        &self,
+        delta: ChunkDelta<'_>,
+        finish: Option<&str>,
+        logprobs: Option<ChatLogprobs>,
+    ) -> String {
         let choice = ChunkChoice {
             index: 0,
             delta,
@@ -98,7 +136,7 @@ impl ChatFramer {
         data_frame(&self.frame(vec![choice], None))
     }
 
-    fn frame<'a>(&'a self, choices: Vec<ChunkChoice<'a>>, usage: Option<Value>) -> ChatChunk<'a> {
+    fn frame<'a>(&'a self, choices: Vec<ChunkChoice<'a>>, usage: Option<Usage>) -> ChatChunk<'a> {
         ChatChunk {
             id: &self.id,
             object: "chat.completion.chunk",
@@ -114,9 +152,15 @@ impl ChatFramer {
     fn deltas(&mut self, deltas: Vec<Delta>) -> String {
         let mut frames = String::new();
         for d in deltas {
-            let delta = match d {
-                Delta::Reasoning(r) => json!({"reasoning": r}),
-                Delta::Content(c) => json!({"content": c}),
+            let delta = match &d {
+                Delta::Reasoning(r) => ChunkDelta {
+                    reasoning: Some(r),
+                    ..ChunkDelta::default()
+                },
+                Delta::Content(c) => ChunkDelta {
+                    content: Some(c),
+                    ..ChunkDelta::default()
+                },
             };
             let lp = self.take_pending();
             frames.push_str(&self.chunk_with(delta, None, lp));
@@ -125,19 +169,24 @@ impl ChatFramer {
     }
 
     /// The pending logprobs in OpenAI's shape (`null` when none, or not asked for).
-    fn take_pending(&mut self) -> Value {
+    fn take_pending(&mut self) -> Option<ChatLogprobs> {
         if self.pending.is_empty() {
-            return Value::Null;
+            return None;
         }
         self.sent += self.pending.len();
         let lp = std::mem::take(&mut self.pending);
-        super::logprobs::chat(&self.state.info.tokenizer, &lp)
+        Some(super::logprobs::chat(&self.state.info.tokenizer, &lp))
     }
 }
 
 impl Framer for ChatFramer {
     fn start(&mut self) -> String {
-        self.chunk(json!({"role": "assistant", "content": ""}), None)
+        let delta = ChunkDelta {
+            role: Some("assistant"),
+            content: Some(""),
+            ..ChunkDelta::default()
+        };
+        self.chunk(delta, None)
     }
 
     fn text(&mut self, piece: &str, logprobs: Vec<TokenLogprob>) -> String {
@@ -153,19 +202,21 @@ impl Framer for ChatFramer {
         let (tail, turn) = self.turn.finish(|| state.new_id("call_"));
         let mut frames = self.deltas(tail);
         if !turn.calls.is_empty() {
-            frames.push_str(&self.chunk(json!({"tool_calls": tool_calls(&turn, true)}), None));
+            let delta = ChunkDelta {
+                tool_calls: Some(tool_calls(&turn, true)),
+                ..ChunkDelta::default()
+            };
+            frames.push_str(&self.chunk(delta, None));
         }
         // Logprobs go out with their tokens' text; those of tokens whose text was withheld
         // (tool markup) or never came out ride on the finishing chunk. SDKs concatenate
         // `logprobs.content` across chunks.
-        let lp = if self.logprobs {
+        let lp = self.logprobs.then(|| {
             let rest = out.logprobs.get(self.sent..).unwrap_or_default();
             super::logprobs::chat(&self.state.info.tokenizer, rest)
-        } else {
-            Value::Null
-        };
+        });
         let finish = finish_reason_str(out, !turn.calls.is_empty());
-        frames.push_str(&self.chunk_with(json!({}), Some(finish), lp));
+        frames.push_str(&self.chunk_with(ChunkDelta::default(), Some(finish), lp));
         if self.include_usage {
             frames.push_str(&data_frame(&self.frame(Vec::new(), Some(usage(out)))));
         }
@@ -174,7 +225,7 @@ impl Framer for ChatFramer {
     }
 
     fn failed(&mut self, message: &str) -> String {
-        let e = json!({"error": {"message": message, "type": "server_error", "code": null}});
-        format!("{}data: [DONE]\n\n", data_frame(&e))
+        let e = ApiError::internal(message);
+        format!("{}data: [DONE]\n\n", data_frame(&e.body()))
     }
 }

@@ -6,9 +6,10 @@ use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use kiln_engine::GenerateOutput;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::{logprobs, usage};
+use super::logprobs::{self, CompletionLogprobs};
+use super::{Usage, usage};
 use kiln_engine::GenerateRequest;
 
 use crate::body::parse_request;
@@ -153,10 +154,7 @@ pub async fn handler(
         ));
     }
     let out = collect(rx, Flavor::OpenAi).await?;
-    let lp = match top {
-        Some(k) => logprobs::completion(&state.info.tokenizer, &out.logprobs, k > 0),
-        None => Value::Null,
-    };
+    let lp = top.map(|k| logprobs::completion(&state.info.tokenizer, &out.logprobs, k > 0));
     let body = TextCompletion {
         id: &id,
         object: "text_completion",
@@ -182,7 +180,7 @@ struct TextCompletion<'a> {
     model: &'a str,
     choices: [TextChoice<'a>; 1],
     #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<Value>,
+    usage: Option<Usage>,
 }
 
 /// The one choice kiln generates (`finish_reason` null until the end).
@@ -190,7 +188,7 @@ struct TextCompletion<'a> {
 struct TextChoice<'a> {
     index: u32,
     text: &'a str,
-    logprobs: Value,
+    logprobs: Option<CompletionLogprobs>,
     finish_reason: Option<&'static str>,
 }
 
@@ -212,9 +210,9 @@ impl CompletionFramer {
     fn body<'a>(
         &'a self,
         text: &'a str,
-        logprobs: Value,
+        logprobs: Option<CompletionLogprobs>,
         finish_reason: Option<&'static str>,
-        usage: Option<Value>,
+        usage: Option<Usage>,
     ) -> TextCompletion<'a> {
         TextCompletion {
             id: &self.id,
@@ -236,9 +234,10 @@ impl CompletionFramer {
             Some(k) if !self.pending.is_empty() => {
                 let lp = std::mem::take(&mut self.pending);
                 self.sent += lp.len();
-                logprobs::completion_from(&self.state.info.tokenizer, &lp, k > 0, &mut self.offset)
+                let tok = &self.state.info.tokenizer;
+                Some(logprobs::completion_from(tok, &lp, k > 0, &mut self.offset))
             }
-            _ => Value::Null,
+            _ => None,
         };
         data_frame(&self.body(text, lp, None, None))
     }
@@ -259,13 +258,11 @@ impl Framer for CompletionFramer {
     fn done(&mut self, out: &GenerateOutput) -> String {
         // Logprobs went out with their text; the tokens whose text never came out (held back
         // at a stop string, or none) ride on the last chunk, whose text is empty.
-        let lp = match self.top {
-            Some(k) => {
-                let rest = out.logprobs.get(self.sent..).unwrap_or_default();
-                logprobs::completion_from(&self.state.info.tokenizer, rest, k > 0, &mut self.offset)
-            }
-            None => Value::Null,
-        };
+        let lp = self.top.map(|k| {
+            let rest = out.logprobs.get(self.sent..).unwrap_or_default();
+            let tok = &self.state.info.tokenizer;
+            logprobs::completion_from(tok, rest, k > 0, &mut self.offset)
+        });
         let last = self.body(
             "",
             lp,
@@ -276,7 +273,7 @@ impl Framer for CompletionFramer {
     }
 
     fn failed(&mut self, message: &str) -> String {
-        let e = json!({"error": {"message": message, "type": "server_error", "code": null}});
-        format!("{}data: [DONE]\n\n", data_frame(&e))
+        let e = ApiError::internal(message);
+        format!("{}data: [DONE]\n\n", data_frame(&e.body()))
     }
 }

@@ -3,7 +3,8 @@
 
 use kiln_engine::request::TokenLogprob;
 use kiln_model::tokenizer::KilnTokenizer;
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 fn token_text(tok: &KilnTokenizer, id: u32) -> (String, Vec<u8>) {
     let bytes = tok
@@ -13,27 +14,63 @@ fn token_text(tok: &KilnTokenizer, id: u32) -> (String, Vec<u8>) {
     (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }
 
-fn entry(tok: &KilnTokenizer, id: u32, logprob: f32) -> Value {
-    let (token, bytes) = token_text(tok, id);
-    json!({"token": token, "logprob": logprob, "bytes": bytes})
+/// One token of chat `logprobs.content`; the alternatives carry no alternatives of their own.
+#[derive(Serialize)]
+pub struct TokenEntry {
+    token: String,
+    logprob: f32,
+    bytes: Vec<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_logprobs: Option<Vec<TokenEntry>>,
 }
 
-/// Chat: `{"content":[{token,logprob,bytes,top_logprobs:[…]}], "refusal": null}`.
-pub fn chat(tok: &KilnTokenizer, lps: &[TokenLogprob]) -> Value {
-    let content: Vec<Value> = lps
+fn entry(tok: &KilnTokenizer, id: u32, logprob: f32) -> TokenEntry {
+    let (token, bytes) = token_text(tok, id);
+    TokenEntry {
+        token,
+        logprob,
+        bytes,
+        top_logprobs: None,
+    }
+}
+
+/// Chat `logprobs`: `{"content":[{token,logprob,bytes,top_logprobs:[…]}], "refusal": null}`.
+#[derive(Serialize)]
+pub struct ChatLogprobs {
+    content: Vec<TokenEntry>,
+    refusal: Option<String>,
+}
+
+/// Chat logprobs of `lps`.
+pub fn chat(tok: &KilnTokenizer, lps: &[TokenLogprob]) -> ChatLogprobs {
+    let content = lps
         .iter()
         .map(|lp| {
-            let mut e = entry(tok, lp.id, lp.logprob);
-            let top: Vec<Value> = lp.top.iter().map(|&(id, l)| entry(tok, id, l)).collect();
-            e["top_logprobs"] = Value::Array(top);
-            e
+            let top = lp.top.iter().map(|&(id, l)| entry(tok, id, l)).collect();
+            TokenEntry {
+                top_logprobs: Some(top),
+                ..entry(tok, lp.id, lp.logprob)
+            }
         })
         .collect();
-    json!({"content": content, "refusal": null})
+    ChatLogprobs {
+        content,
+        refusal: None,
+    }
 }
 
-/// Legacy completions: `{tokens, token_logprobs, top_logprobs, text_offset}`.
-pub fn completion(tok: &KilnTokenizer, lps: &[TokenLogprob], want_top: bool) -> Value {
+/// Legacy completions `logprobs`: `{tokens, token_logprobs, top_logprobs, text_offset}`;
+/// `top_logprobs` maps each alternative's text to its logprob (null when none were asked for).
+#[derive(Serialize)]
+pub struct CompletionLogprobs {
+    tokens: Vec<String>,
+    token_logprobs: Vec<f32>,
+    top_logprobs: Option<Vec<Map<String, Value>>>,
+    text_offset: Vec<usize>,
+}
+
+/// Legacy completion logprobs of `lps`.
+pub fn completion(tok: &KilnTokenizer, lps: &[TokenLogprob], want_top: bool) -> CompletionLogprobs {
     completion_from(tok, lps, want_top, &mut 0)
 }
 
@@ -44,7 +81,7 @@ pub fn completion_from(
     lps: &[TokenLogprob],
     want_top: bool,
     offset: &mut usize,
-) -> Value {
+) -> CompletionLogprobs {
     let mut tokens = Vec::new();
     let mut token_logprobs = Vec::new();
     let mut tops = Vec::new();
@@ -57,14 +94,14 @@ pub fn completion_from(
         token_logprobs.push(lp.logprob);
         let mut m = Map::new();
         for &(id, l) in &lp.top {
-            m.insert(token_text(tok, id).0, json!(l));
+            m.insert(token_text(tok, id).0, Value::from(l));
         }
-        tops.push(Value::Object(m));
+        tops.push(m);
     }
-    json!({
-        "tokens": tokens,
-        "token_logprobs": token_logprobs,
-        "top_logprobs": if want_top { Value::Array(tops) } else { Value::Null },
-        "text_offset": offsets,
-    })
+    CompletionLogprobs {
+        tokens,
+        token_logprobs,
+        top_logprobs: want_top.then_some(tops),
+        text_offset: offsets,
+    }
 }

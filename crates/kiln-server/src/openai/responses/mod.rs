@@ -5,6 +5,7 @@
 pub mod input;
 mod render;
 pub mod store;
+mod stream;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -14,7 +15,8 @@ use kiln_engine::GenerateRequest;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use render::{ResponseContext, ResponsesFramer};
+use render::{Echo, ResponseContext, TextConfig};
+use stream::ResponsesFramer;
 
 use super::chat::DEFAULT_CHAT_MAX_TOKENS;
 
@@ -238,45 +240,30 @@ fn echo(
     sampling: &kiln_engine::sampler::SamplingParams,
     max_tokens: usize,
     instructions: Option<&str>,
-) -> Map<String, Value> {
-    let mut m = Map::new();
-    m.insert("instructions".into(), json!(instructions));
-    m.insert(
-        "max_output_tokens".into(),
-        json!(req.max_output_tokens.map(|_| max_tokens)),
-    );
-    m.insert("temperature".into(), json!(sampling.temperature));
-    m.insert(
-        "top_p".into(),
-        json!(if sampling.top_p > 0.0 {
-            sampling.top_p
-        } else {
-            1.0
-        }),
-    );
-    m.insert("tools".into(), req.tools.clone().unwrap_or(json!([])));
-    m.insert(
-        "tool_choice".into(),
-        req.tool_choice.clone().unwrap_or(json!("auto")),
-    );
-    m.insert(
-        "previous_response_id".into(),
-        json!(req.previous_response_id),
-    );
-    m.insert("store".into(), json!(req.store.unwrap_or(true)));
-    m.insert("metadata".into(), req.metadata.clone().unwrap_or(json!({})));
-    m.insert(
-        "parallel_tool_calls".into(),
-        json!(req.parallel_tool_calls.unwrap_or(true)),
-    );
+) -> Echo {
     let format = req
         .text
         .as_ref()
         .and_then(|t| t.get("format"))
         .cloned()
         .unwrap_or(json!({"type": "text"}));
-    m.insert("text".into(), json!({"format": format}));
-    m
+    Echo {
+        instructions: instructions.map(str::to_string),
+        max_output_tokens: req.max_output_tokens.map(|_| max_tokens),
+        temperature: sampling.temperature,
+        top_p: if sampling.top_p > 0.0 {
+            sampling.top_p
+        } else {
+            1.0
+        },
+        tools: req.tools.clone().unwrap_or(json!([])),
+        tool_choice: req.tool_choice.clone().unwrap_or(json!("auto")),
+        previous_response_id: req.previous_response_id.clone(),
+        store: req.store.unwrap_or(true),
+        metadata: req.metadata.clone().unwrap_or(json!({})),
+        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
+        text: TextConfig { format },
+    }
 }
 
 /// The handler.
