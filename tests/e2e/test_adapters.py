@@ -193,3 +193,112 @@ def test_default_adapter_none_serves_the_base(folders):
         assert chat(oai) == chat(oai, "none") != chat(oai, "a")
     finally:
         s.stop()
+
+
+def test_the_model_field_names_an_adapter_as_in_vllm(served, folders):
+    url = served.url
+    assert httpx.post(url + "/v1/adapters", json={"id": "b", "path": folders["b"]}, timeout=60).status_code == 200
+    try:
+        oai = client(served)
+        by_field = chat(oai, "b", max_tokens=12)
+        by_model = oai.chat.completions.create(model="b", messages=MSGS, temperature=0, max_tokens=12,
+                                               extra_body={"ignore_eos": True}).choices[0].message.content
+        assert by_model == by_field and by_model != chat(oai, "none", max_tokens=12)
+        # An explicit `adapter` wins over the model name.
+        explicit = oai.chat.completions.create(model="b", messages=MSGS, temperature=0, max_tokens=12,
+                                               extra_body={"ignore_eos": True, "adapter": "none"})
+        assert explicit.choices[0].message.content == chat(oai, "none", max_tokens=12)
+
+        models = {m.id: m for m in oai.models.list().data}
+        base = [m for m in models.values() if getattr(m, "parent", None) is None]
+        assert len(base) == 1 and base[0].status == "loaded" and base[0].context_length > 0
+        assert models["b"].parent == base[0].id and models["b"].status == "loaded"
+        assert models["a"].parent == base[0].id
+        assert oai.models.retrieve("b").parent == base[0].id
+        with pytest.raises(openai.NotFoundError) as e:
+            oai.models.retrieve("nope")
+        assert e.value.code == "model_not_found" and ", a, b" in str(e.value)
+    finally:
+        assert httpx.delete(url + "/v1/adapters/b").status_code == 200
+
+
+def _samples(text):
+    """`{name: [(labels, value)]}` of a Prometheus text exposition."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        name, _, labels = head.partition("{")
+        pairs = dict(p.split("=", 1) for p in labels.rstrip("}").split(",") if "=" in p)
+        out.setdefault(name, []).append(({k: v.strip('"') for k, v in pairs.items()}, float(value)))
+    return out
+
+
+GATEWAY_NAMES = ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                 "vllm:lora_requests_info", "vllm:cache_config_info", "vllm:prefix_cache_hits_total",
+                 "vllm:prefix_cache_queries_total"]
+
+
+def test_the_gateway_metrics_move_under_load(served):
+    """The names the Gateway API Inference Extension's endpoint picker scrapes, read every 50 ms
+    while 8 requests share 4 slots: some wait, the running ones show their adapter, the KV in use
+    grows with their context, and the prefix-cache counters count prompt tokens."""
+    url = served.url
+    before = _samples(httpx.get(url + "/metrics").text)
+    for name in GATEWAY_NAMES:
+        assert name in before, name
+    cfg = before["vllm:cache_config_info"][0][0]
+    assert int(cfg["block_size"]) > 0 and int(cfg["num_gpu_blocks"]) > 0
+    info = before["vllm:lora_requests_info"][0][0]
+    assert int(info["max_lora"]) == 4
+
+    oai = client(served)
+    done = threading.Event()
+    errors = []
+
+    def run():
+        try:
+            chat(oai, "a", max_tokens=48)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    seen = {"waiting": 0.0, "running": 0.0, "lora": set(), "usage": []}
+    watcher_done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            s = _samples(httpx.get(url + "/metrics").text)
+            seen["waiting"] = max(seen["waiting"], s["vllm:num_requests_waiting"][0][1])
+            seen["running"] = max(seen["running"], s["vllm:num_requests_running"][0][1])
+            labels, stamp = s["vllm:lora_requests_info"][0]
+            assert stamp > 1.7e9, "the value is the update time"
+            seen["lora"].update(x for x in labels["running_lora_adapters"].split(",") if x)
+            if s["vllm:num_requests_running"][0][1] > 0:
+                seen["usage"].append(s["vllm:kv_cache_usage_perc"][0][1])
+            done.wait(0.05)
+        watcher_done.set()
+
+    w = threading.Thread(target=watch)
+    w.start()
+    for t in threads:
+        t.join(180)
+    done.set()
+    w.join(30)
+    assert not errors, errors
+    assert seen["waiting"] > 0, "8 requests on 4 slots: some waited"
+    assert seen["running"] > 1
+    assert seen["lora"] == {"a"}
+    usage = [u for u in seen["usage"] if u > 0]
+    assert usage and all(0 < u <= 1 for u in usage)
+    assert max(usage) > min(usage), f"KV in use grows with the context: {usage[:5]}…"
+
+    after = _samples(httpx.get(url + "/metrics").text)
+    queries = after["vllm:prefix_cache_queries_total"][0][1] - before["vllm:prefix_cache_queries_total"][0][1]
+    hits = after["vllm:prefix_cache_hits_total"][0][1] - before["vllm:prefix_cache_hits_total"][0][1]
+    assert queries > 0 and 0 <= hits <= queries
+    assert after["vllm:num_requests_running"][0][1] == 0
+    assert after["vllm:kv_cache_usage_perc"][0][1] == 0, "finished: nothing in use"

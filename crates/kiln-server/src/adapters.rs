@@ -121,6 +121,22 @@ fn code(e: &AdapterError) -> &'static str {
     }
 }
 
+/// Resolves a request's adapters from its `adapter` field, or, when that is absent, from its
+/// `model` when it names a mounted adapter (as vLLM serves LoRA adapters under their names).
+pub fn resolve_for(
+    state: &AppState,
+    adapter: Option<&Value>,
+    model: Option<&Value>,
+) -> Result<Option<Arc<AdapterStack>>, ApiError> {
+    let named = match (adapter, model, registry(state)) {
+        (None | Some(Value::Null), Some(Value::String(m)), Some(r)) if r.get(m).is_some() => {
+            Some(Value::String(m.clone()))
+        }
+        _ => None,
+    };
+    resolve(state, named.as_ref().or(adapter))
+}
+
 /// A generation request's `adapter` field: absent or null → the server's default, `"none"` →
 /// the base model, an id or `"a+b"` → those mounted adapters. Anything unknown is a 400 naming
 /// it (never ignored).

@@ -14,6 +14,7 @@ pub mod errors;
 pub mod gateway;
 pub mod generation;
 pub mod listen;
+pub mod metrics;
 pub mod openai;
 pub mod openapi;
 pub mod page;

@@ -1,11 +1,15 @@
 //! The router: every route, discovery endpoints, and the 404/405 fallbacks.
 
+use std::sync::Arc;
+
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
+use kiln_model::lora::ServedAdapter;
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::errors::{ApiError, Flavor};
@@ -139,7 +143,7 @@ pub fn router_with(
         )
         .route("/v1/adapters/{id}", delete(crate::adapters::unmount))
         .route("/stats", get(stats::stats))
-        .route("/metrics", get(stats::metrics))
+        .route("/metrics", get(crate::metrics::metrics))
         .route("/openapi.json", get(openapi::spec))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -224,44 +228,121 @@ fn rfc3339(secs: u64) -> String {
     )
 }
 
-/// One model, readable by both the OpenAI and the Anthropic SDKs.
-fn model_entry(state: &SharedState) -> Value {
-    json!({
-        "id": state.info.id,
-        "object": "model",
-        "type": "model",
-        "display_name": state.info.id,
-        "created": state.started_at,
-        "created_at": rfc3339(state.started_at),
-        "max_input_tokens": state.info.context_len,
-        "owned_by": "kiln",
-        "context_window": state.info.context_len,
-        "architecture": state.info.arch,
-        "kv_scheme": state.info.kv_scheme,
-        "reasoning": false,
-        "vision": false,
-    })
+/// One model or mounted adapter of `/v1/models`, readable by the OpenAI and Anthropic SDKs;
+/// `root`/`parent` follow vLLM (an adapter's parent is the model it runs on).
+#[derive(Serialize)]
+struct ModelCard<'a> {
+    id: &'a str,
+    object: &'static str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    display_name: &'a str,
+    created: u64,
+    created_at: String,
+    owned_by: &'static str,
+    /// `loaded`: this server holds it and answers at once.
+    status: &'static str,
+    context_length: usize,
+    max_model_len: usize,
+    max_input_tokens: usize,
+    context_window: usize,
+    root: String,
+    parent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    architecture: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kv_scheme: Option<&'a str>,
+    reasoning: bool,
+    vision: bool,
 }
 
-async fn models(State(state): State<SharedState>) -> axum::Json<Value> {
-    let id = &state.info.id;
-    axum::Json(json!({"object": "list", "data": [model_entry(&state)],
-                      "has_more": false, "first_id": id, "last_id": id}))
-}
-
-async fn model(
-    State(state): State<SharedState>,
-    Path(id): Path<String>,
-) -> Result<axum::Json<Value>, ApiError> {
-    if id == state.info.id {
-        Ok(axum::Json(model_entry(&state)))
-    } else {
-        Err(ApiError::not_found(format!(
-            "model {id:?} not found; this server serves {:?}",
-            state.info.id
-        ))
-        .with_code("model_not_found"))
+fn model_entry(state: &SharedState) -> ModelCard<'_> {
+    let info = &state.info;
+    ModelCard {
+        id: &info.id,
+        object: "model",
+        kind: "model",
+        display_name: &info.id,
+        created: state.started_at,
+        created_at: rfc3339(state.started_at),
+        owned_by: "kiln",
+        status: "loaded",
+        context_length: info.context_len,
+        max_model_len: info.context_len,
+        max_input_tokens: info.context_len,
+        context_window: info.context_len,
+        root: info.id.clone(),
+        parent: None,
+        architecture: Some(&info.arch),
+        kv_scheme: Some(&info.kv_scheme),
+        reasoning: false,
+        vision: false,
     }
+}
+
+fn adapter_entry<'a>(state: &'a SharedState, a: &'a ServedAdapter) -> ModelCard<'a> {
+    ModelCard {
+        id: a.id(),
+        display_name: a.id(),
+        root: a.path().display().to_string(),
+        parent: Some(&state.info.id),
+        architecture: None,
+        kv_scheme: None,
+        ..model_entry(state)
+    }
+}
+
+fn adapters(state: &SharedState) -> Vec<Arc<ServedAdapter>> {
+    state
+        .config
+        .adapters
+        .as_ref()
+        .map(|r| r.list())
+        .unwrap_or_default()
+}
+
+/// The `/v1/models` list (OpenAI's shape, with Anthropic's paging fields).
+#[derive(Serialize)]
+struct ModelList<'a> {
+    object: &'static str,
+    data: Vec<ModelCard<'a>>,
+    has_more: bool,
+    first_id: Option<&'a str>,
+    last_id: Option<&'a str>,
+}
+
+async fn models(State(state): State<SharedState>) -> Response {
+    let mounted = adapters(&state);
+    let mut data = vec![model_entry(&state)];
+    data.extend(mounted.iter().map(|a| adapter_entry(&state, a)));
+    let first_id = data.first().map(|c| c.id);
+    let last_id = data.last().map(|c| c.id);
+    let list = ModelList {
+        object: "list",
+        has_more: false,
+        first_id,
+        last_id,
+        data,
+    };
+    axum::Json(list).into_response()
+}
+
+async fn model(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
+    if id == state.info.id {
+        return axum::Json(model_entry(&state)).into_response();
+    }
+    let mounted = adapters(&state);
+    if let Some(a) = mounted.iter().find(|a| a.id() == id) {
+        return axum::Json(adapter_entry(&state, a)).into_response();
+    }
+    let mut known = vec![state.info.id.clone()];
+    known.extend(mounted.iter().map(|a| a.id().to_string()));
+    ApiError::not_found(format!(
+        "model {id:?} not found; this server serves {}",
+        known.join(", ")
+    ))
+    .with_code("model_not_found")
+    .into_response()
 }
 
 #[cfg(test)]

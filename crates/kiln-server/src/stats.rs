@@ -1,18 +1,14 @@
-//! `GET /stats` (JSON) and `GET /metrics` (Prometheus text, with the vLLM-style gauges routers
-//! read: requests running and waiting, KV-cache usage).
+//! `GET /stats`: what the server holds and has done, as JSON.
 
-use std::fmt::Write;
 use std::sync::atomic::Ordering::Relaxed;
 
 use axum::extract::State;
-use axum::http::{HeaderValue, header};
-use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use crate::state::SharedState;
 
 /// Fraction of the KV slots' positions holding data (running sequences and kept prefixes).
-fn kv_usage(state: &SharedState) -> f64 {
+pub(crate) fn kv_usage(state: &SharedState) -> f64 {
     let m = &state.gateway.metrics;
     let positions = m
         .kv_report
@@ -24,7 +20,8 @@ fn kv_usage(state: &SharedState) -> f64 {
     positions as f64 / (state.info.context_len.max(1) * slots) as f64
 }
 
-fn scheduler(state: &SharedState) -> Option<kiln_engine::SchedulerStats> {
+/// The scheduler's last counters (none in a solo lane).
+pub(crate) fn scheduler(state: &SharedState) -> Option<kiln_engine::SchedulerStats> {
     state
         .gateway
         .metrics
@@ -118,172 +115,4 @@ pub fn stats_json(state: &SharedState) -> Value {
 /// `GET /stats`.
 pub async fn stats(State(state): State<SharedState>) -> axum::Json<Value> {
     axum::Json(stats_json(&state))
-}
-
-/// `GET /metrics`.
-pub async fn metrics(State(state): State<SharedState>) -> Response {
-    let m = &state.gateway.metrics;
-    let model = state.info.id.replace(['"', '\\', '\n'], "_");
-    let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, v: f64| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        let _ = writeln!(out, "{name}{{model_name=\"{model}\"}} {v}");
-    };
-    let running = m.running.load(Relaxed) as f64;
-    let waiting = m.waiting.load(Relaxed) as f64;
-    let usage = kv_usage(&state);
-    metric(
-        "vllm:num_requests_running",
-        "gauge",
-        "Requests generating now.",
-        running,
-    );
-    metric(
-        "vllm:num_requests_waiting",
-        "gauge",
-        "Requests waiting in the queue.",
-        waiting,
-    );
-    metric(
-        "vllm:gpu_cache_usage_perc",
-        "gauge",
-        "KV-cache usage (1 = full).",
-        usage,
-    );
-    metric(
-        "vllm:kv_cache_usage_perc",
-        "gauge",
-        "KV-cache usage (1 = full).",
-        usage,
-    );
-    if let Some(s) = scheduler(&state) {
-        metric(
-            "kiln_batch_sequences",
-            "gauge",
-            "Sequences in the last forward.",
-            s.last_batch_sequences as f64,
-        );
-        metric(
-            "kiln_batch_step_tokens",
-            "gauge",
-            "Tokens in the last forward.",
-            s.last_step_tokens as f64,
-        );
-        metric(
-            "kiln_batch_steps_total",
-            "counter",
-            "Forwards run by the scheduler.",
-            s.steps as f64,
-        );
-        metric(
-            "kiln_batch_tokens_total",
-            "counter",
-            "Tokens over all forwards (divide by steps for tokens per step).",
-            s.step_tokens_total as f64,
-        );
-        metric(
-            "kiln_requests_preempted_total",
-            "counter",
-            "Sequences preempted for memory and recomputed.",
-            s.preempted_total as f64,
-        );
-        metric(
-            "vllm:num_preemptions_total",
-            "counter",
-            "Sequences preempted for memory and recomputed.",
-            s.preempted_total as f64,
-        );
-    }
-    let prompt = m.prompt_tokens.load(Relaxed) as f64;
-    let generated = m.generated_tokens.load(Relaxed) as f64;
-    metric(
-        "vllm:prompt_tokens_total",
-        "counter",
-        "Prompt tokens processed.",
-        prompt,
-    );
-    metric(
-        "vllm:generation_tokens_total",
-        "counter",
-        "Tokens generated.",
-        generated,
-    );
-    metric(
-        "kiln_requests_running",
-        "gauge",
-        "Requests generating now.",
-        running,
-    );
-    metric(
-        "kiln_requests_waiting",
-        "gauge",
-        "Requests waiting in the queue.",
-        waiting,
-    );
-    metric(
-        "kiln_kv_cache_usage_ratio",
-        "gauge",
-        "KV-cache usage (1 = full).",
-        usage,
-    );
-    metric(
-        "kiln_requests_finished_total",
-        "counter",
-        "Requests finished.",
-        m.finished.load(Relaxed) as f64,
-    );
-    metric(
-        "kiln_requests_cancelled_total",
-        "counter",
-        "Requests cancelled by clients.",
-        m.cancelled.load(Relaxed) as f64,
-    );
-    metric(
-        "kiln_requests_failed_total",
-        "counter",
-        "Requests failed in the engine.",
-        m.failed.load(Relaxed) as f64,
-    );
-    metric(
-        "kiln_requests_rejected_total",
-        "counter",
-        "Requests turned away (queue full).",
-        m.rejected.load(Relaxed) as f64,
-    );
-    metric(
-        "kiln_prompt_tokens_total",
-        "counter",
-        "Prompt tokens processed.",
-        prompt,
-    );
-    metric(
-        "kiln_prompt_cached_tokens_total",
-        "counter",
-        "Prompt tokens reused from the cache.",
-        m.cached_tokens.load(Relaxed) as f64,
-    );
-    metric(
-        "kiln_generated_tokens_total",
-        "counter",
-        "Tokens generated.",
-        generated,
-    );
-    metric(
-        "kiln_prompt_cache_hits_total",
-        "counter",
-        "Requests that reused a cached prefix.",
-        m.cache_hits.load(Relaxed) as f64,
-    );
-    metric(
-        "kiln_prompt_cache_misses_total",
-        "counter",
-        "Requests that reused nothing.",
-        m.cache_misses.load(Relaxed) as f64,
-    );
-    let mut resp = out.into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
-    resp
 }

@@ -176,6 +176,15 @@ async fn discovery_endpoints() {
     assert!(text.contains("vllm:num_requests_running"));
     assert!(text.contains("vllm:num_requests_waiting"));
     assert!(text.contains("vllm:gpu_cache_usage_perc"));
+    for name in [
+        "vllm:kv_cache_usage_perc",
+        "vllm:lora_requests_info{",
+        "vllm:cache_config_info{",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prefix_cache_queries_total",
+    ] {
+        assert!(text.contains(name), "{name}");
+    }
     let (s, text) = send(&app, "GET", "/", "", &[]).await;
     assert_eq!(s, StatusCode::OK);
     assert!(text.contains("<title>kiln</title>"));

@@ -79,6 +79,16 @@ impl Seq {
     }
 }
 
+/// The adapter ids `seqs` run with, each once, sorted (a stack counts each of its adapters).
+fn adapter_ids<'a>(seqs: impl IntoIterator<Item = &'a Seq>) -> Vec<String> {
+    let ids: std::collections::BTreeSet<&str> = seqs
+        .into_iter()
+        .filter_map(|s| s.adapters.as_deref())
+        .flat_map(|stack| stack.adapters().iter().map(|a| a.id()))
+        .collect();
+    ids.into_iter().map(str::to_string).collect()
+}
+
 /// Counters of the scheduler, for `/stats` and `/metrics`. Requests that failed or were
 /// cancelled are counted once, by whoever sees every request (the server's gateway counts its
 /// refusals and the solo lane too), not here.
@@ -112,6 +122,15 @@ pub struct SchedulerStats {
     pub parked_positions: usize,
     /// The memory budget's KV bill now and its highest so far, when there is a budget.
     pub kv_bill: Option<budget::BillStats>,
+    /// KV positions the running sequences hold.
+    pub running_positions: usize,
+    /// The budget's bill of the running sequences' slots (their high-water marks), when there
+    /// is a budget: what is in use, as opposed to kept prefixes a new request may reclaim.
+    pub running_kv_bytes: Option<u64>,
+    /// The LoRA adapters running sequences use, each id once, sorted.
+    pub running_adapters: Vec<String>,
+    /// The LoRA adapters waiting sequences ask for, each id once, sorted.
+    pub waiting_adapters: Vec<String>,
 }
 
 /// What one step did.
@@ -276,6 +295,13 @@ impl Scheduler {
         stats.waiting = self.waiting.len();
         stats.parked_positions = self.slots.parked_positions();
         stats.kv_bill = self.budget.as_ref().map(|b| b.stats(self.bill_now()));
+        stats.running_positions = self.running.iter().map(|s| s.computed).sum();
+        stats.running_kv_bytes = self.budget.as_ref().map(|b| {
+            let slots = self.running.iter().filter_map(|s| s.slot);
+            slots.map(|i| b.slot_bytes(self.slots.high_water(i))).sum()
+        });
+        stats.running_adapters = adapter_ids(&self.running);
+        stats.waiting_adapters = adapter_ids(&self.waiting);
         stats
     }
 

@@ -304,3 +304,23 @@ fn a_closed_gate_keeps_new_sequences_waiting() {
     *open.lock().unwrap() = true;
     assert_eq!(step(&mut s, &mut kv, 5), vec![(a, 4)]);
 }
+
+#[test]
+fn the_in_use_kv_counts_running_sequences_only_and_grows_with_them() {
+    let mut s = scheduler(2, 64, 8, Some(100));
+    let mut kv = kv(2);
+    let (_a, _) = add(&mut s, 5, 1, 3);
+    step(&mut s, &mut kv, 2);
+    let st = s.stats();
+    assert_eq!((st.running_positions, st.running_kv_bytes), (5, Some(5)));
+    step(&mut s, &mut kv, 2);
+    assert_eq!(s.stats().running_positions, 6);
+    // Finished: its prefix stays parked in the slot, billed but not in use.
+    step(&mut s, &mut kv, 2);
+    step(&mut s, &mut kv, 2);
+    let st = s.stats();
+    assert_eq!((st.running, st.running_positions), (0, 0));
+    assert_eq!(st.running_kv_bytes, Some(0));
+    assert!(st.kv_bill.is_some_and(|b| b.billed_bytes > 0));
+    assert!(st.running_adapters.is_empty() && st.waiting_adapters.is_empty());
+}

@@ -9,6 +9,9 @@ use crate::sampling::SamplingFields;
 /// The request body.
 #[derive(Debug, Deserialize)]
 pub struct MessagesRequest {
+    /// The model: a mounted adapter's id runs that adapter (vLLM's convention) when `adapter`
+    /// is absent; any other name serves the loaded model.
+    pub model: Option<Value>,
     /// Conversation turns.
     pub messages: Value,
     /// System prompt: a string or text blocks.

@@ -30,6 +30,9 @@ pub const DEFAULT_CHAT_MAX_TOKENS: usize = 65536;
 /// The request body (unknown fields are ignored).
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
+    /// The model: a mounted adapter's id runs that adapter (vLLM's convention) when `adapter`
+    /// is absent; any other name serves the loaded model.
+    pub model: Option<Value>,
     /// Conversation.
     pub messages: Value,
     /// Stream as server-sent events.
@@ -153,7 +156,7 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
         ));
     }
     refuse_unsupported(req)?;
-    let adapters = crate::adapters::resolve(state, req.adapter.as_ref())?;
+    let adapters = crate::adapters::resolve_for(state, req.adapter.as_ref(), req.model.as_ref())?;
     let tools = match &req.tools {
         Some(t) if !t.is_null() => validate_tools(t)?,
         _ => Vec::new(),

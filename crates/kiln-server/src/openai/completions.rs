@@ -26,6 +26,9 @@ pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 512;
 /// The request body.
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
+    /// The model: a mounted adapter's id runs that adapter (vLLM's convention) when `adapter`
+    /// is absent; any other name serves the loaded model.
+    pub model: Option<Value>,
     /// The prompt text.
     pub prompt: Value,
     /// Stream as server-sent events.
@@ -109,7 +112,7 @@ pub async fn handler(
     let sampling = req
         .sampling
         .resolve(&state, top.is_some(), top.unwrap_or(0), true)?;
-    let adapters = crate::adapters::resolve(&state, req.adapter.as_ref())?;
+    let adapters = crate::adapters::resolve_for(&state, req.adapter.as_ref(), req.model.as_ref())?;
     let (st, text) = (state.clone(), prompt.clone());
     let ids = blocking(Flavor::OpenAi, move || {
         st.info

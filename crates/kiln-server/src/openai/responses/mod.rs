@@ -33,6 +33,9 @@ use crate::turn::{TurnBuilder, TurnShape};
 /// The request body (unknown fields are ignored).
 #[derive(Debug, Deserialize)]
 pub struct ResponsesRequest {
+    /// The model: a mounted adapter's id runs that adapter (vLLM's convention) when `adapter`
+    /// is absent; any other name serves the loaded model.
+    pub model: Option<Value>,
     /// A string or a list of input items.
     pub input: Option<Value>,
     /// The system prompt; carried forward from the previous response when omitted.
@@ -224,7 +227,7 @@ fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, Ap
         sampling,
         stop: Vec::new(),
         ignore_eos: false,
-        adapters: crate::adapters::resolve(state, req.adapter.as_ref())?,
+        adapters: crate::adapters::resolve_for(state, req.adapter.as_ref(), req.model.as_ref())?,
         grammar: turn.grammar,
     };
     Ok(ResponsesPlan {
