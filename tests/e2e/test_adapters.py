@@ -302,3 +302,29 @@ def test_the_gateway_metrics_move_under_load(served):
     assert queries > 0 and 0 <= hits <= queries
     assert after["vllm:num_requests_running"][0][1] == 0
     assert after["vllm:kv_cache_usage_perc"][0][1] == 0, "finished: nothing in use"
+
+
+def test_available_lists_the_folders_that_fit(folders, tmp_path):
+    root = os.path.dirname(folders["a"])
+    os.makedirs(os.path.join(root, "not-an-adapter"), exist_ok=True)
+    broken = os.path.join(root, "broken")
+    os.makedirs(broken, exist_ok=True)
+    with open(os.path.join(broken, "adapter_config.json"), "w") as f:
+        f.write("{not json")
+    s = Server("--adapter", f"a={folders['a']}", "--adapters-dir", root)
+    try:
+        body = httpx.get(s.url + "/v1/adapters/available", timeout=60).json()
+        listed = {a["id"]: a for a in body["adapters"]}
+        assert set(listed) == {"a", "b", "c"}, body
+        assert listed["a"]["mounted"] and not listed["b"]["mounted"]
+        assert listed["b"]["path"] == folders["b"] and listed["b"]["rank"] > 0
+        skipped = {os.path.basename(x["path"]): x["reason"] for x in body["skipped"]}
+        assert set(skipped) == {"wide", "broken"}, skipped
+        assert "model.layers.3.self_attn.q_proj" in skipped["wide"]
+        # What it lists mounts as it says.
+        r = httpx.post(s.url + "/v1/adapters", json={"id": "b", "path": listed["b"]["path"]}, timeout=60)
+        assert r.status_code == 200, r.text
+        again = {a["id"]: a for a in httpx.get(s.url + "/v1/adapters/available", timeout=60).json()["adapters"]}
+        assert again["b"]["mounted"]
+    finally:
+        assert s.stop() == 0

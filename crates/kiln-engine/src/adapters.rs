@@ -105,6 +105,13 @@ impl AdapterRegistry {
         Ok(adapter)
     }
 
+    /// Reads the adapter folder `path` and checks it against the served model as a mount
+    /// would, without mounting it (`id` names it in messages).
+    pub fn inspect(&self, id: &str, path: &Path) -> Result<ServedAdapter, AdapterError> {
+        ServedAdapter::load(id, path, &self.config)
+            .map_err(|e| AdapterError::Invalid(format!("{}: {e}", path.display())))
+    }
+
     /// Mounts an adapter already read and checked (tests, tools that build one in memory).
     pub fn insert(&self, adapter: ServedAdapter) -> Result<Arc<ServedAdapter>, AdapterError> {
         if !adapter.fits(&self.config) {

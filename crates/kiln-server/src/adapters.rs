@@ -14,7 +14,7 @@ use axum::extract::{Path, State};
 use kiln_engine::adapters::expand_path;
 use kiln_engine::{AdapterError, AdapterRegistry};
 use kiln_model::lora::{AdapterStack, ServedAdapter};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::body::parse_json;
@@ -111,6 +111,108 @@ pub async fn unmount(
         "id": removed.id(),
         "removed_layers": removed.mounted_layers(),
     })))
+}
+
+/// `DELETE /v1/adapters/available`: the static listing route shadows an adapter mounted under
+/// that id, so its unmount is answered here.
+pub async fn unmount_available(state: State<SharedState>) -> Result<Json<Value>, ApiError> {
+    unmount(state, Path("available".to_string())).await
+}
+
+/// Most subfolders one scan reads (each is read whole to be checked).
+const MAX_SCANNED: usize = 256;
+
+/// One adapter folder that fits the served model.
+#[derive(Serialize)]
+pub struct AvailableAdapter {
+    /// The folder's name: the id to mount it under, unless another is chosen.
+    id: String,
+    path: String,
+    rank: usize,
+    scale: f32,
+    base_model: Option<String>,
+    /// Whether an adapter from this folder is mounted now.
+    mounted: bool,
+}
+
+/// A folder the scan left out, and why.
+#[derive(Serialize)]
+pub struct SkippedFolder {
+    path: String,
+    reason: String,
+}
+
+/// `GET /v1/adapters/available`'s body.
+#[derive(Serialize, Default)]
+pub struct Available {
+    adapters: Vec<AvailableAdapter>,
+    skipped: Vec<SkippedFolder>,
+}
+
+/// Whether `dir` holds adapter files (PEFT's or mlx-lm's).
+fn looks_like_adapter(dir: &std::path::Path) -> bool {
+    [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "adapters.safetensors",
+    ]
+    .iter()
+    .any(|f| dir.join(f).is_file())
+}
+
+/// The adapter subfolders of `dirs`, sorted, at most [`MAX_SCANNED`].
+fn candidate_folders(dirs: &[std::path::PathBuf]) -> Vec<std::path::PathBuf> {
+    let mut found: Vec<_> = dirs
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && looks_like_adapter(p))
+        .collect();
+    found.sort();
+    found.truncate(MAX_SCANNED);
+    found
+}
+
+/// Reads every adapter folder of the configured folders and keeps the ones that fit the served
+/// model (the check a mount makes); the others are listed as skipped with the reason.
+fn scan(state: &AppState) -> Available {
+    let Some(registry) = registry(state) else {
+        return Available::default();
+    };
+    let mounted = registry.list();
+    let mut out = Available::default();
+    for dir in candidate_folders(&state.config.adapter_dirs) {
+        let id = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let path = dir.display().to_string();
+        match registry.inspect(&id, &dir) {
+            Ok(a) => out.adapters.push(AvailableAdapter {
+                mounted: mounted.iter().any(|m| m.path() == dir),
+                rank: a.info().rank,
+                scale: a.info().scale,
+                base_model: a.base_model().map(str::to_string),
+                id,
+                path,
+            }),
+            Err(e) => out.skipped.push(SkippedFolder {
+                path,
+                reason: e.to_string(),
+            }),
+        }
+    }
+    out
+}
+
+/// `GET /v1/adapters/available`.
+pub async fn available(State(state): State<SharedState>) -> Result<Json<Available>, ApiError> {
+    let list = tokio::task::spawn_blocking(move || scan(&state))
+        .await
+        .map_err(|e| ApiError::internal(format!("the adapter scan failed: {e}")))?;
+    Ok(Json(list))
 }
 
 fn code(e: &AdapterError) -> &'static str {

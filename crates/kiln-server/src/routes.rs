@@ -63,6 +63,11 @@ pub const ROUTES: &[RouteDoc] = &[
         "Mounted LoRA adapters: {adapters:[{id,path,rank,scale,size_bytes,mounted_layers}]}",
     ),
     (
+        "GET",
+        "/v1/adapters/available",
+        "Adapter folders in the fine-tune output folder that fit the served model: {adapters:[{id,path,rank,scale,base_model,mounted}], skipped:[{path,reason}]}",
+    ),
+    (
         "POST",
         "/v1/adapters",
         "Mount a LoRA adapter folder: {id,path} -> {id,mounted_layers,rank,scale}",
@@ -140,6 +145,10 @@ pub fn router_with(
         .route(
             "/v1/adapters",
             get(crate::adapters::list).post(crate::adapters::mount),
+        )
+        .route(
+            "/v1/adapters/available",
+            get(crate::adapters::available).delete(crate::adapters::unmount_available),
         )
         .route("/v1/adapters/{id}", delete(crate::adapters::unmount))
         .route("/stats", get(stats::stats))

@@ -125,6 +125,8 @@ pub struct ServerConfig {
     pub limits: crate::listen::ConnectionLimits,
     /// The mounted LoRA adapters (`--adapter`, `/v1/adapters`); `None`: none can be mounted.
     pub adapters: Option<Arc<kiln_engine::AdapterRegistry>>,
+    /// Folders whose adapter subfolders `GET /v1/adapters/available` lists (fine-tune outputs).
+    pub adapter_dirs: Vec<std::path::PathBuf>,
 }
 
 /// Shared handler state.

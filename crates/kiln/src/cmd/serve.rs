@@ -88,6 +88,10 @@ pub struct ServeArgs {
     /// `+`, or `none` for the base model. Default: the first --adapter, else none.
     #[arg(long, value_name = "ID|none")]
     pub default_adapter: Option<String>,
+    /// The folder whose adapter subfolders `GET /v1/adapters/available` lists. Default:
+    /// `<cache>/adapters`, where fine-tune jobs write theirs.
+    #[arg(long, value_name = "DIR")]
+    pub adapters_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 }
@@ -202,6 +206,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         body_limit: kiln_server::DEFAULT_BODY_LIMIT,
         limits,
         adapters: None,
+        adapter_dirs: vec![
+            args.adapters_dir
+                .clone()
+                .unwrap_or_else(|| kiln_hub::cache_dir().join("adapters")),
+        ],
     };
     let registry = mount_adapters(&args, &engine.model().config)?;
     let config = ServerConfig {
