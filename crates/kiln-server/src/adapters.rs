@@ -11,27 +11,41 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
 use kiln_engine::adapters::expand_path;
 use kiln_engine::{AdapterError, AdapterRegistry};
 use kiln_model::lora::{AdapterStack, ServedAdapter};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::body::parse_json;
 use crate::errors::{ApiError, Flavor};
 use crate::state::{AppState, SharedState};
 
 /// What `GET /v1/adapters` says about one adapter.
-pub fn entry(a: &ServedAdapter) -> Value {
-    json!({
-        "id": a.id(),
-        "path": a.path().display().to_string(),
-        "rank": a.info().rank,
-        "scale": a.info().scale,
-        "size_bytes": a.size_bytes(),
-        "mounted_layers": a.mounted_layers(),
-        "base_model": a.base_model(),
-    })
+#[derive(Serialize)]
+pub struct MountedAdapter<'a> {
+    id: &'a str,
+    path: String,
+    rank: usize,
+    scale: f32,
+    /// A and B in f32.
+    size_bytes: u64,
+    mounted_layers: usize,
+    base_model: Option<&'a str>,
+}
+
+/// The entry of `a`.
+pub fn entry(a: &ServedAdapter) -> MountedAdapter<'_> {
+    MountedAdapter {
+        id: a.id(),
+        path: a.path().display().to_string(),
+        rank: a.info().rank,
+        scale: a.info().scale,
+        size_bytes: a.size_bytes(),
+        mounted_layers: a.mounted_layers(),
+        base_model: a.base_model(),
+    }
 }
 
 fn registry(state: &AppState) -> Option<&Arc<AdapterRegistry>> {
@@ -39,20 +53,49 @@ fn registry(state: &AppState) -> Option<&Arc<AdapterRegistry>> {
 }
 
 /// `GET /v1/adapters`: `{adapters:[{id,path,rank,scale,size_bytes,mounted_layers}], default}`.
-pub async fn list(State(state): State<SharedState>) -> Json<Value> {
-    Json(section(&state))
+pub async fn list(State(state): State<SharedState>) -> Response {
+    let mounted = mounted(&state);
+    Json(section(&state, &mounted)).into_response()
 }
 
-/// The list, also `/stats` → `adapters`.
-pub fn section(state: &AppState) -> Value {
-    let (adapters, default) = match registry(state) {
-        Some(r) => (
-            r.list().iter().map(|a| entry(a)).collect::<Vec<_>>(),
-            r.default_spec(),
+/// The mounted adapters (none without a registry).
+pub fn mounted(state: &AppState) -> Vec<Arc<ServedAdapter>> {
+    registry(state).map(|r| r.list()).unwrap_or_default()
+}
+
+/// `GET /v1/adapters`' body, also `/stats` → `adapters`.
+#[derive(Serialize)]
+pub struct AdapterList<'a> {
+    adapters: Vec<MountedAdapter<'a>>,
+    /// The stack requests without an `adapter` field run with.
+    default: String,
+}
+
+/// The list of `mounted` (from [`mounted`]).
+pub fn section<'a>(state: &AppState, mounted: &'a [Arc<ServedAdapter>]) -> AdapterList<'a> {
+    AdapterList {
+        adapters: mounted.iter().map(|a| entry(a)).collect(),
+        default: registry(state).map_or_else(
+            || kiln_model::lora::NO_ADAPTER.to_string(),
+            |r| r.default_spec(),
         ),
-        None => (Vec::new(), kiln_model::lora::NO_ADAPTER.to_string()),
-    };
-    json!({"adapters": adapters, "default": default})
+    }
+}
+
+/// `POST /v1/adapters`' answer.
+#[derive(Serialize)]
+struct Mounted<'a> {
+    id: &'a str,
+    mounted_layers: usize,
+    rank: usize,
+    scale: f32,
+}
+
+/// `DELETE /v1/adapters/{id}`'s answer.
+#[derive(Serialize)]
+pub struct Unmounted {
+    id: String,
+    removed_layers: usize,
 }
 
 /// `POST /v1/adapters`'s body.
@@ -68,7 +111,7 @@ struct MountRequest {
 pub async fn mount(
     State(state): State<SharedState>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let req: MountRequest = parse_json(body, Flavor::OpenAi)?;
     let id = req
         .id
@@ -88,12 +131,13 @@ pub async fn mount(
         .await
         .map_err(|e| ApiError::internal(format!("mounting failed: {e}")))?
         .map_err(|e| ApiError::bad_request(e.to_string()).with_code(code(&e)))?;
-    Ok(Json(json!({
-        "id": mounted.id(),
-        "mounted_layers": mounted.mounted_layers(),
-        "rank": mounted.info().rank,
-        "scale": mounted.info().scale,
-    })))
+    let body = Mounted {
+        id: mounted.id(),
+        mounted_layers: mounted.mounted_layers(),
+        rank: mounted.info().rank,
+        scale: mounted.info().scale,
+    };
+    Ok(Json(body).into_response())
 }
 
 /// `DELETE /v1/adapters/{id}` → `{id, removed_layers}`, or 404 `adapter <id> not mounted`.
@@ -101,21 +145,21 @@ pub async fn mount(
 pub async fn unmount(
     State(state): State<SharedState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Unmounted>, ApiError> {
     let removed = match registry(&state) {
         Some(r) => r.unmount(&id),
         None => Err(AdapterError::NotMounted(id.clone())),
     }
     .map_err(|e| ApiError::not_found(e.to_string()).with_code("adapter_not_found"))?;
-    Ok(Json(json!({
-        "id": removed.id(),
-        "removed_layers": removed.mounted_layers(),
-    })))
+    Ok(Json(Unmounted {
+        id: removed.id().to_string(),
+        removed_layers: removed.mounted_layers(),
+    }))
 }
 
 /// `DELETE /v1/adapters/available`: the static listing route shadows an adapter mounted under
 /// that id, so its unmount is answered here.
-pub async fn unmount_available(state: State<SharedState>) -> Result<Json<Value>, ApiError> {
+pub async fn unmount_available(state: State<SharedState>) -> Result<Json<Unmounted>, ApiError> {
     unmount(state, Path("available".to_string())).await
 }
 

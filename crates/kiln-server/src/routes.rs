@@ -1,7 +1,5 @@
 //! The router: every route, discovery endpoints, and the 404/405 fallbacks.
 
-use std::sync::Arc;
-
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{StatusCode, Uri};
@@ -10,7 +8,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use kiln_model::lora::ServedAdapter;
 use serde::Serialize;
-use serde_json::{Value, json};
 
 use crate::errors::{ApiError, Flavor};
 use crate::state::SharedState;
@@ -188,32 +185,69 @@ async fn method_not_allowed(uri: Uri) -> ApiError {
     .flavor(Flavor::for_path(uri.path()))
 }
 
-async fn health() -> axum::Json<Value> {
-    axum::Json(json!({"status": "ok"}))
+/// `/health` and `/ready`'s body (`model` only when ready).
+#[derive(Serialize)]
+struct Health<'a> {
+    status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<&'a str>,
+}
+
+async fn health() -> axum::Json<Health<'static>> {
+    axum::Json(Health {
+        status: "ok",
+        model: None,
+    })
 }
 
 async fn ready(State(state): State<SharedState>) -> Response {
     if state.gateway.is_open() {
-        axum::Json(json!({"status": "ready", "model": state.info.id})).into_response()
+        let body = Health {
+            status: "ready",
+            model: Some(&state.info.id),
+        };
+        axum::Json(body).into_response()
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"status": "shutting_down"})),
-        )
-            .into_response()
+        let body = Health {
+            status: "shutting_down",
+            model: None,
+        };
+        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
     }
 }
 
-async fn index(State(state): State<SharedState>) -> axum::Json<Value> {
-    let endpoints: Vec<Value> = (state.routes.iter())
-        .map(|(m, p, s)| json!({"method": m, "path": p, "description": s}))
+/// `GET /v1`: what this server is and every route it answers.
+#[derive(Serialize)]
+struct Index<'a> {
+    name: &'static str,
+    version: &'static str,
+    model: &'a str,
+    endpoints: Vec<Endpoint<'a>>,
+}
+
+/// One route of the index.
+#[derive(Serialize)]
+struct Endpoint<'a> {
+    method: &'a str,
+    path: &'a str,
+    description: &'a str,
+}
+
+async fn index(State(state): State<SharedState>) -> Response {
+    let endpoints = (state.routes.iter())
+        .map(|(method, path, description)| Endpoint {
+            method,
+            path,
+            description,
+        })
         .collect();
-    axum::Json(json!({
-        "name": "kiln",
-        "version": env!("CARGO_PKG_VERSION"),
-        "model": state.info.id,
-        "endpoints": endpoints,
-    }))
+    let body = Index {
+        name: "kiln",
+        version: env!("CARGO_PKG_VERSION"),
+        model: &state.info.id,
+        endpoints,
+    };
+    axum::Json(body).into_response()
 }
 
 /// Unix seconds as RFC 3339 UTC (Anthropic's `created_at`), by Howard Hinnant's civil-from-days.
@@ -301,15 +335,6 @@ fn adapter_entry<'a>(state: &'a SharedState, a: &'a ServedAdapter) -> ModelCard<
     }
 }
 
-fn adapters(state: &SharedState) -> Vec<Arc<ServedAdapter>> {
-    state
-        .config
-        .adapters
-        .as_ref()
-        .map(|r| r.list())
-        .unwrap_or_default()
-}
-
 /// The `/v1/models` list (OpenAI's shape, with Anthropic's paging fields).
 #[derive(Serialize)]
 struct ModelList<'a> {
@@ -321,7 +346,7 @@ struct ModelList<'a> {
 }
 
 async fn models(State(state): State<SharedState>) -> Response {
-    let mounted = adapters(&state);
+    let mounted = crate::adapters::mounted(&state);
     let mut data = vec![model_entry(&state)];
     data.extend(mounted.iter().map(|a| adapter_entry(&state, a)));
     let first_id = data.first().map(|c| c.id);
@@ -340,7 +365,7 @@ async fn model(State(state): State<SharedState>, Path(id): Path<String>) -> Resp
     if id == state.info.id {
         return axum::Json(model_entry(&state)).into_response();
     }
-    let mounted = adapters(&state);
+    let mounted = crate::adapters::mounted(&state);
     if let Some(a) = mounted.iter().find(|a| a.id() == id) {
         return axum::Json(adapter_entry(&state, a)).into_response();
     }

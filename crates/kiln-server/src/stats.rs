@@ -90,7 +90,7 @@ pub fn stats_json(state: &SharedState) -> Value {
         "tokens": {"prompt": m.prompt_tokens.load(Relaxed), "generated": generated,
                    "decode_tokens_per_sec": if decode_secs > 0.0 { generated as f64 / decode_secs } else { 0.0 }},
         "batch": batch_json(state),
-        "adapters": crate::adapters::section(state),
+        "adapters": crate::adapters::section(state, &crate::adapters::mounted(state)),
     });
     if let Some(obj) = body.as_object_mut() {
         if let Some(kv) = obj.get_mut("kv").and_then(Value::as_object_mut)
