@@ -12,7 +12,7 @@ use std::sync::{Arc, RwLock};
 
 use kiln_model::config::ModelConfig;
 use kiln_model::lora::{
-    AdapterStack, NO_ADAPTER, STACK_SEPARATOR, ServedAdapter, check_adapter_id,
+    AdapterStack, LoraAdapter, NO_ADAPTER, STACK_SEPARATOR, ServedAdapter, check_adapter_id,
 };
 
 /// Why a registry operation was refused; every message names the adapter or field.
@@ -106,9 +106,10 @@ impl AdapterRegistry {
     }
 
     /// Reads the adapter folder `path` and checks it against the served model as a mount
-    /// would, without mounting it (`id` names it in messages).
-    pub fn inspect(&self, id: &str, path: &Path) -> Result<ServedAdapter, AdapterError> {
-        ServedAdapter::load(id, path, &self.config)
+    /// would, without laying it out or mounting it.
+    pub fn inspect(&self, path: &Path) -> Result<LoraAdapter, AdapterError> {
+        LoraAdapter::load(path)
+            .and_then(|a| a.check_servable(&self.config).map(|()| a))
             .map_err(|e| AdapterError::Invalid(format!("{}: {e}", path.display())))
     }
 

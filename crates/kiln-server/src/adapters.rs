@@ -219,6 +219,14 @@ fn candidate_folders(dirs: &[std::path::PathBuf]) -> Vec<std::path::PathBuf> {
     found
 }
 
+/// Whether two paths name one folder (a mount's path is as the user wrote it).
+fn same_folder(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
 /// Reads every adapter folder of the configured folders and keeps the ones that fit the served
 /// model (the check a mount makes); the others are listed as skipped with the reason.
 fn scan(state: &AppState) -> Available {
@@ -233,12 +241,12 @@ fn scan(state: &AppState) -> Available {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let path = dir.display().to_string();
-        match registry.inspect(&id, &dir) {
+        match registry.inspect(&dir) {
             Ok(a) => out.adapters.push(AvailableAdapter {
-                mounted: mounted.iter().any(|m| m.path() == dir),
-                rank: a.info().rank,
-                scale: a.info().scale,
-                base_model: a.base_model().map(str::to_string),
+                mounted: mounted.iter().any(|m| same_folder(m.path(), &dir)),
+                rank: a.info.rank,
+                scale: a.info.scale,
+                base_model: a.base_model,
                 id,
                 path,
             }),

@@ -12,6 +12,8 @@ use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
+use kiln_engine::SchedulerStats;
+
 use crate::state::SharedState;
 use crate::stats::{kv_usage, scheduler};
 
@@ -62,9 +64,9 @@ fn label_value(v: &str) -> String {
 /// The fraction of the KV memory in use by running sequences: of the budget's room when the
 /// server has a memory budget, else of the slots' positions. Kept prefixes are not in use (a
 /// new request reclaims them), as vLLM does not count its evictable cached blocks.
-fn kv_in_use(state: &SharedState) -> f64 {
-    let Some(s) = scheduler(state) else {
-        return kv_usage(state);
+fn kv_in_use(state: &SharedState, sched: Option<&SchedulerStats>) -> f64 {
+    let Some(s) = sched else {
+        return kv_usage(state, None);
     };
     if let (Some(bytes), Some(bill)) = (s.running_kv_bytes, &s.kv_bill)
         && bill.room_bytes > 0
@@ -76,11 +78,10 @@ fn kv_in_use(state: &SharedState) -> f64 {
 }
 
 /// KV capacity in positions: the slots' positions, or fewer when the budget's room holds fewer.
-fn kv_capacity_positions(state: &SharedState) -> usize {
-    let slots = scheduler(state).map_or(1, |s| s.slots.max(1));
-    let positions = state.info.context_len * slots;
+fn kv_capacity_positions(state: &SharedState, sched: Option<&SchedulerStats>) -> usize {
+    let positions = state.info.context_len * sched.map_or(1, |s| s.slots.max(1));
     let per_token = state.info.kv_bytes_per_token.max(1);
-    match scheduler(state).and_then(|s| s.kv_bill) {
+    match sched.and_then(|s| s.kv_bill.as_ref()) {
         Some(bill) => positions.min((bill.room_bytes / per_token) as usize),
         None => positions,
     }
@@ -92,87 +93,95 @@ fn unix_now_f64() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// `(name, help, value)` of one unlabelled sample.
+type Plain = (&'static str, &'static str, f64);
+
 /// The vLLM names the gateways read.
-fn gateway_contract(e: &mut Exposition, state: &SharedState) {
+fn gateway_contract(e: &mut Exposition, state: &SharedState, sched: Option<&SchedulerStats>) {
     let m = &state.gateway.metrics;
-    let running = m.running.load(Relaxed) as f64;
-    let waiting = m.waiting.load(Relaxed) as f64;
-    let usage = kv_in_use(state);
-    e.gauge(
-        "vllm:num_requests_running",
-        "Requests generating now.",
-        running,
-    );
-    e.gauge(
-        "vllm:num_requests_waiting",
-        "Requests waiting in the queue.",
-        waiting,
-    );
-    e.gauge(
-        "vllm:kv_cache_usage_perc",
-        "KV-cache usage by running requests (1 = full).",
-        usage,
-    );
-    e.gauge(
-        "vllm:gpu_cache_usage_perc",
-        "KV-cache usage by running requests (1 = full; the older vLLM name).",
-        usage,
-    );
-    let sched = scheduler(state);
-    let (max_lora, running_lora, waiting_lora) = match &sched {
-        Some(s) => (
-            s.max_sequences,
-            s.running_adapters.join(","),
-            s.waiting_adapters.join(","),
+    let usage = kv_in_use(state, sched);
+    let gauges: [Plain; 4] = [
+        (
+            "vllm:num_requests_running",
+            "Requests generating now.",
+            m.running.load(Relaxed) as f64,
         ),
-        None => (1, String::new(), String::new()),
-    };
+        (
+            "vllm:num_requests_waiting",
+            "Requests waiting in the queue.",
+            m.waiting.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage by running requests (1 = full).",
+            usage,
+        ),
+        (
+            "vllm:gpu_cache_usage_perc",
+            "KV-cache usage by running requests (1 = full; the older vLLM name).",
+            usage,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        e.gauge(name, help, v);
+    }
+    let adapters = |ids: Option<&Vec<String>>| ids.map(|a| a.join(",")).unwrap_or_default();
     e.sample(
         "vllm:lora_requests_info",
         "gauge",
         "LoRA adapters of running and waiting requests; the value is the time of this update.",
         &[
-            ("max_lora", max_lora.to_string()),
-            ("running_lora_adapters", running_lora),
-            ("waiting_lora_adapters", waiting_lora),
+            ("max_lora", sched.map_or(1, |s| s.max_sequences).to_string()),
+            (
+                "running_lora_adapters",
+                adapters(sched.map(|s| &s.running_adapters)),
+            ),
+            (
+                "waiting_lora_adapters",
+                adapters(sched.map(|s| &s.waiting_adapters)),
+            ),
         ],
         unix_now_f64(),
     );
+    let blocks = kv_capacity_positions(state, sched) / BLOCK_SIZE;
     e.sample(
         "vllm:cache_config_info",
         "gauge",
         "KV-cache configuration (capacity = block_size x num_gpu_blocks positions).",
         &[
             ("block_size", BLOCK_SIZE.to_string()),
-            (
-                "num_gpu_blocks",
-                (kv_capacity_positions(state) / BLOCK_SIZE).to_string(),
-            ),
+            ("num_gpu_blocks", blocks.to_string()),
             ("cache_dtype", state.info.kv_scheme.clone()),
         ],
         1.0,
     );
-    e.counter(
-        "vllm:prefix_cache_queries_total",
-        "Prompt tokens looked up in the prefix cache.",
-        m.prompt_tokens.load(Relaxed) as f64,
-    );
-    e.counter(
-        "vllm:prefix_cache_hits_total",
-        "Prompt tokens found in the prefix cache.",
-        m.cached_tokens.load(Relaxed) as f64,
-    );
-    e.counter(
-        "vllm:prompt_tokens_total",
-        "Prompt tokens processed.",
-        m.prompt_tokens.load(Relaxed) as f64,
-    );
-    e.counter(
-        "vllm:generation_tokens_total",
-        "Tokens generated.",
-        m.generated_tokens.load(Relaxed) as f64,
-    );
-    if let Some(s) = &sched {
+    let prompt = m.prompt_tokens.load(Relaxed) as f64;
+    let counters: [Plain; 4] = [
+        (
+            "vllm:prefix_cache_queries_total",
+            "Prompt tokens looked up in the prefix cache.",
+            prompt,
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "Prompt tokens found in the prefix cache.",
+            m.cached_tokens.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:prompt_tokens_total",
+            "Prompt tokens processed.",
+            prompt,
+        ),
+        (
+            "vllm:generation_tokens_total",
+            "Tokens generated.",
+            m.generated_tokens.load(Relaxed) as f64,
+        ),
+    ];
+    for (name, help, v) in counters {
+        e.counter(name, help, v);
+    }
+    if let Some(s) = sched {
         e.counter(
             "vllm:num_preemptions_total",
             "Sequences preempted for memory and recomputed.",
@@ -182,57 +191,72 @@ fn gateway_contract(e: &mut Exposition, state: &SharedState) {
 }
 
 /// kiln's batching counters.
-fn batching(e: &mut Exposition, state: &SharedState) {
-    let Some(s) = scheduler(state) else {
+fn batching(e: &mut Exposition, sched: Option<&SchedulerStats>) {
+    let Some(s) = sched else {
         return;
     };
-    e.gauge(
-        "kiln_batch_sequences",
-        "Sequences in the last forward.",
-        s.last_batch_sequences as f64,
-    );
-    e.gauge(
-        "kiln_batch_step_tokens",
-        "Tokens in the last forward.",
-        s.last_step_tokens as f64,
-    );
-    e.counter(
-        "kiln_batch_steps_total",
-        "Forwards run by the scheduler.",
-        s.steps as f64,
-    );
-    e.counter(
-        "kiln_batch_tokens_total",
-        "Tokens over all forwards (divide by steps for tokens per step).",
-        s.step_tokens_total as f64,
-    );
-    e.counter(
-        "kiln_requests_preempted_total",
-        "Sequences preempted for memory and recomputed.",
-        s.preempted_total as f64,
-    );
+    let gauges: [Plain; 2] = [
+        (
+            "kiln_batch_sequences",
+            "Sequences in the last forward.",
+            s.last_batch_sequences as f64,
+        ),
+        (
+            "kiln_batch_step_tokens",
+            "Tokens in the last forward.",
+            s.last_step_tokens as f64,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        e.gauge(name, help, v);
+    }
+    let counters: [Plain; 3] = [
+        (
+            "kiln_batch_steps_total",
+            "Forwards run by the scheduler.",
+            s.steps as f64,
+        ),
+        (
+            "kiln_batch_tokens_total",
+            "Tokens over all forwards (divide by steps for tokens per step).",
+            s.step_tokens_total as f64,
+        ),
+        (
+            "kiln_requests_preempted_total",
+            "Sequences preempted for memory and recomputed.",
+            s.preempted_total as f64,
+        ),
+    ];
+    for (name, help, v) in counters {
+        e.counter(name, help, v);
+    }
 }
 
 /// kiln's request, token and prompt-cache counters.
-fn requests(e: &mut Exposition, state: &SharedState) {
+fn requests(e: &mut Exposition, state: &SharedState, sched: Option<&SchedulerStats>) {
     let m = &state.gateway.metrics;
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as f64;
-    e.gauge(
-        "kiln_requests_running",
-        "Requests generating now.",
-        m.running.load(Relaxed) as f64,
-    );
-    e.gauge(
-        "kiln_requests_waiting",
-        "Requests waiting in the queue.",
-        m.waiting.load(Relaxed) as f64,
-    );
-    e.gauge(
-        "kiln_kv_cache_usage_ratio",
-        "KV positions holding data, kept prefixes included (1 = full).",
-        kv_usage(state),
-    );
-    let counters = [
+    let gauges: [Plain; 3] = [
+        (
+            "kiln_requests_running",
+            "Requests generating now.",
+            m.running.load(Relaxed) as f64,
+        ),
+        (
+            "kiln_requests_waiting",
+            "Requests waiting in the queue.",
+            m.waiting.load(Relaxed) as f64,
+        ),
+        (
+            "kiln_kv_cache_usage_ratio",
+            "KV positions holding data, kept prefixes included (1 = full).",
+            kv_usage(state, sched),
+        ),
+    ];
+    for (name, help, v) in gauges {
+        e.gauge(name, help, v);
+    }
+    let counters: [Plain; 9] = [
         (
             "kiln_requests_finished_total",
             "Requests finished.",
@@ -287,9 +311,11 @@ fn requests(e: &mut Exposition, state: &SharedState) {
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<SharedState>) -> Response {
     let mut e = Exposition::new(&state.info.id);
-    gateway_contract(&mut e, &state);
-    batching(&mut e, &state);
-    requests(&mut e, &state);
+    // One snapshot of the scheduler for the whole scrape: its numbers agree with each other.
+    let sched = scheduler(&state);
+    gateway_contract(&mut e, &state, sched.as_ref());
+    batching(&mut e, sched.as_ref());
+    requests(&mut e, &state, sched.as_ref());
     let mut resp = e.out.into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

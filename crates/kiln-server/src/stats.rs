@@ -5,10 +5,12 @@ use std::sync::atomic::Ordering::Relaxed;
 use axum::extract::State;
 use serde_json::{Value, json};
 
+use kiln_engine::SchedulerStats;
+
 use crate::state::SharedState;
 
 /// Fraction of the KV slots' positions holding data (running sequences and kept prefixes).
-pub(crate) fn kv_usage(state: &SharedState) -> f64 {
+pub(crate) fn kv_usage(state: &SharedState, sched: Option<&SchedulerStats>) -> f64 {
     let m = &state.gateway.metrics;
     let positions = m
         .kv_report
@@ -16,12 +18,12 @@ pub(crate) fn kv_usage(state: &SharedState) -> f64 {
         .ok()
         .and_then(|r| r.as_ref().map(|r| r.positions))
         .unwrap_or_else(|| m.kv_used.load(Relaxed));
-    let slots = scheduler(state).map_or(1, |s| s.slots.max(1));
+    let slots = sched.map_or(1, |s| s.slots.max(1));
     positions as f64 / (state.info.context_len.max(1) * slots) as f64
 }
 
 /// The scheduler's last counters (none in a solo lane).
-pub(crate) fn scheduler(state: &SharedState) -> Option<kiln_engine::SchedulerStats> {
+pub(crate) fn scheduler(state: &SharedState) -> Option<SchedulerStats> {
     state
         .gateway
         .metrics
@@ -32,9 +34,9 @@ pub(crate) fn scheduler(state: &SharedState) -> Option<kiln_engine::SchedulerSta
 }
 
 /// The `batch` section: the lane, limits and what the steps did.
-fn batch_json(state: &SharedState) -> Value {
+fn batch_json(state: &SharedState, sched: Option<&SchedulerStats>) -> Value {
     let m = &state.gateway.metrics;
-    let Some(s) = scheduler(state) else {
+    let Some(s) = sched else {
         return json!({"configured": 1, "batched": false, "active_rows": m.running.load(Relaxed)});
     };
     let per_step = |total: u64| {
@@ -59,6 +61,7 @@ fn batch_json(state: &SharedState) -> Value {
 /// The `/stats` body.
 pub fn stats_json(state: &SharedState) -> Value {
     let m = &state.gateway.metrics;
+    let sched = scheduler(state);
     let kv_used = m.kv_used.load(Relaxed);
     let generated = m.generated_tokens.load(Relaxed);
     let decode_secs = m.decode_micros.load(Relaxed) as f64 / 1e6;
@@ -76,7 +79,7 @@ pub fn stats_json(state: &SharedState) -> Value {
             "cached_tokens": m.cached_tokens.load(Relaxed),
         },
         "kv": {"scheme": state.info.kv_scheme, "context_len": state.info.context_len,
-               "used_tokens": kv_used, "usage": kv_usage(state),
+               "used_tokens": kv_used, "usage": kv_usage(state, sched.as_ref()),
                "bytes_per_token": state.info.kv_bytes_per_token},
         "admission": match &state.info.memory {
             Some(a) => json!(a),
@@ -89,7 +92,7 @@ pub fn stats_json(state: &SharedState) -> Value {
                      "failed": m.failed.load(Relaxed), "rejected": m.rejected.load(Relaxed)},
         "tokens": {"prompt": m.prompt_tokens.load(Relaxed), "generated": generated,
                    "decode_tokens_per_sec": if decode_secs > 0.0 { generated as f64 / decode_secs } else { 0.0 }},
-        "batch": batch_json(state),
+        "batch": batch_json(state, sched.as_ref()),
         "adapters": crate::adapters::section(state, &crate::adapters::mounted(state)),
     });
     if let Some(obj) = body.as_object_mut() {

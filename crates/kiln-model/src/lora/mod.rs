@@ -192,6 +192,13 @@ impl LoraAdapter {
         Ok(())
     }
 
+    /// Checks that a model with `cfg` can serve it: every module consistent and finite, at
+    /// least one, each of the model's shape. What a mount checks before laying it out.
+    pub fn check_servable(&self, cfg: &ModelConfig) -> Result<(), ModelError> {
+        self.validate()?;
+        self.check_against(cfg)
+    }
+
     /// Checks the in-memory adapter before writing it: a file kiln writes must load again.
     fn validate(&self) -> Result<(), ModelError> {
         let whole = |reason: String| ModelError::Adapter {

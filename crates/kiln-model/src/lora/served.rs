@@ -181,8 +181,7 @@ impl ServedAdapter {
             module: "adapter".into(),
             reason,
         })?;
-        adapter.validate()?;
-        adapter.check_against(cfg)?;
+        adapter.check_servable(cfg)?;
         let size_bytes = adapter.size_bytes();
         let max_rank = adapter.max_rank();
         let modules = adapter.modules.len();
