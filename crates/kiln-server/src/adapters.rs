@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use crate::body::parse_json;
 use crate::errors::{ApiError, Flavor};
+use crate::models::ServedModel;
 use crate::state::{AppState, SharedState};
 
 /// What `GET /v1/adapters` says about one adapter.
@@ -48,8 +49,13 @@ pub fn entry(a: &ServedAdapter) -> MountedAdapter<'_> {
     }
 }
 
-fn registry(state: &AppState) -> Option<&Arc<AdapterRegistry>> {
-    state.config.adapters.as_ref()
+/// The adapters of the default model (the one named on the command line), when it is loaded:
+/// `/v1/adapters` manages those.
+fn registry(state: &AppState) -> Option<Arc<AdapterRegistry>> {
+    state
+        .models
+        .get(state.models.default_id())
+        .and_then(|m| m.adapters.clone())
 }
 
 /// `GET /v1/adapters`: `{adapters:[{id,path,rank,scale,size_bytes,mounted_layers}], default}`.
@@ -63,7 +69,20 @@ pub fn mounted(state: &AppState) -> Vec<Arc<ServedAdapter>> {
     registry(state).map(|r| r.list()).unwrap_or_default()
 }
 
-/// `GET /v1/adapters`' body, also `/stats` → `adapters`.
+/// The adapters of `model`, as `/stats` lists them.
+pub fn section_of(model: &ServedModel) -> serde_json::Value {
+    let mounted = model.adapters.as_ref().map(|r| r.list()).unwrap_or_default();
+    let list = AdapterList {
+        adapters: mounted.iter().map(|a| entry(a)).collect(),
+        default: model.adapters.as_ref().map_or_else(
+            || kiln_model::lora::NO_ADAPTER.to_string(),
+            |r| r.default_spec(),
+        ),
+    };
+    serde_json::to_value(list).unwrap_or_default()
+}
+
+/// `GET /v1/adapters`' body.
 #[derive(Serialize)]
 pub struct AdapterList<'a> {
     adapters: Vec<MountedAdapter<'a>>,
@@ -103,6 +122,8 @@ pub struct Unmounted {
 struct MountRequest {
     id: Option<String>,
     path: Option<String>,
+    /// The model to mount it on (default: the default model, loaded if needed).
+    model: Option<Value>,
 }
 
 /// `POST /v1/adapters {id, path}` → `{id, mounted_layers, rank, scale}`; 400 for a missing id
@@ -121,10 +142,12 @@ pub async fn mount(
         .path
         .filter(|s| !s.is_empty())
         .ok_or_else(|| ApiError::bad_request("path is required: the adapter's folder"))?;
-    let Some(reg) = registry(&state).cloned() else {
-        return Err(ApiError::bad_request(
-            "this server cannot mount adapters (it was started without an adapter registry)",
-        ));
+    let base = crate::models::acquire(&state.models, req.model.as_ref(), None).await?;
+    let Some(reg) = base.adapters.clone() else {
+        return Err(ApiError::bad_request(format!(
+            "model {} cannot mount adapters (it was loaded without an adapter registry)",
+            base.info.id
+        )));
     };
     // Reading the folder can take a while: off the async workers.
     let mounted = tokio::task::spawn_blocking(move || reg.mount(&id, &expand_path(&path)))
@@ -278,24 +301,24 @@ fn code(e: &AdapterError) -> &'static str {
 /// Resolves a request's adapters from its `adapter` field, or, when that is absent, from its
 /// `model` when it names a mounted adapter (as vLLM serves LoRA adapters under their names).
 pub fn resolve_for(
-    state: &AppState,
+    base: &ServedModel,
     adapter: Option<&Value>,
     model: Option<&Value>,
 ) -> Result<Option<Arc<AdapterStack>>, ApiError> {
-    let named = match (adapter, model, registry(state)) {
+    let named = match (adapter, model, &base.adapters) {
         (None | Some(Value::Null), Some(Value::String(m)), Some(r)) if r.get(m).is_some() => {
             Some(Value::String(m.clone()))
         }
         _ => None,
     };
-    resolve(state, named.as_ref().or(adapter))
+    resolve(base, named.as_ref().or(adapter))
 }
 
 /// A generation request's `adapter` field: absent or null → the server's default, `"none"` →
 /// the base model, an id or `"a+b"` → those mounted adapters. Anything unknown is a 400 naming
 /// it (never ignored).
 pub fn resolve(
-    state: &AppState,
+    base: &ServedModel,
     field: Option<&Value>,
 ) -> Result<Option<Arc<AdapterStack>>, ApiError> {
     let spec = match field {
@@ -307,7 +330,7 @@ pub fn resolve(
             ));
         }
     };
-    let result = match registry(state) {
+    let result = match &base.adapters {
         Some(r) => r.resolve(spec),
         None => match spec {
             None | Some(kiln_model::lora::NO_ADAPTER) => Ok(None),
@@ -322,7 +345,7 @@ pub fn resolve(
     result.map_err(|e| {
         let msg = match &e {
             AdapterError::NotMounted(id) => {
-                let mounted = registry(state).map(|r| r.ids()).unwrap_or_default();
+                let mounted = base.adapters.as_ref().map(|r| r.ids()).unwrap_or_default();
                 if mounted.is_empty() {
                     format!("adapter {id} not mounted (no adapter is mounted)")
                 } else {

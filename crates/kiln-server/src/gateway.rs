@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -249,6 +249,8 @@ pub struct GatewayMetrics {
     pub kv_report: Mutex<Option<KvReport>>,
     /// The scheduler after the last step (lane, batch sizes, preemptions, memory bill).
     pub scheduler: Mutex<Option<SchedulerStats>>,
+    /// The engine panicked and stopped: the model must be loaded again.
+    pub broken: AtomicBool,
 }
 
 struct Job {
@@ -370,6 +372,11 @@ impl Gateway {
         }
     }
 
+    /// Whether the engine panicked and stopped (its model is then loaded again).
+    pub fn is_broken(&self) -> bool {
+        self.metrics.broken.load(Ordering::SeqCst)
+    }
+
     /// Whether requests are still accepted.
     pub fn is_open(&self) -> bool {
         self.tx.lock().map(|g| g.is_some()).unwrap_or(false)
@@ -431,8 +438,13 @@ fn engine_loop<G: Generator>(mut generator: G, rx: Receiver<Job>, m: &Arc<Gatewa
             }
             Ok(Err(e)) => tracing::warn!("a forward failed: {e}"),
             Err(_) => {
+                // A panic may leave the engine's state half-updated: fail what it holds and
+                // stop, so the model is loaded afresh for the next request.
                 generator.fail_running("internal error in the engine");
-                tracing::error!("the engine panicked; the requests in its batch failed");
+                m.broken.store(true, Ordering::SeqCst);
+                publish(m, &generator);
+                tracing::error!("the engine panicked; its requests failed and it stopped");
+                return;
             }
         }
         if !generator.has_work() || published.elapsed() >= PUBLISH_EVERY {

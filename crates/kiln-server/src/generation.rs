@@ -12,18 +12,20 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::errors::{ApiError, Flavor};
 use crate::gateway::{Event, GatewayError};
+use crate::models::ServedModel;
 use crate::state::AppState;
 
 /// `max_tokens` for a prompt of `prompt_len` tokens: an explicit value must fit in the context
 /// with the prompt (else 400 before any compute); a default is capped at the room left.
 pub fn plan_max_tokens(
     state: &AppState,
+    model: &ServedModel,
     prompt_len: usize,
     requested: Option<u64>,
     default: usize,
     field: &str,
 ) -> Result<usize, ApiError> {
-    let ctx = state.info.context_len;
+    let ctx = model.info.context_len;
     if prompt_len == 0 {
         return Err(ApiError::bad_request("the prompt is empty"));
     }
@@ -46,7 +48,7 @@ pub fn plan_max_tokens(
         Some(n) => n as usize,
         None => state.config.max_tokens.unwrap_or(default).clamp(1, room),
     };
-    let Some(memory) = &state.info.memory else {
+    let Some(memory) = &model.info.memory else {
         return Ok(n);
     };
     // A default max_tokens shrinks to the room the memory budget leaves, as it does to the
@@ -79,13 +81,13 @@ pub async fn blocking<T: Send + 'static>(
     })?
 }
 
-/// Sends `req` to the engine.
+/// Sends `req` to `model`'s engine.
 pub fn submit(
-    state: &AppState,
+    model: &ServedModel,
     req: GenerateRequest,
     flavor: Flavor,
 ) -> Result<UnboundedReceiver<Event>, ApiError> {
-    state.gateway.submit(req).map_err(|e| match e {
+    model.gateway.submit(req).map_err(|e| match e {
         GatewayError::Busy(_) => ApiError::busy(e.to_string()).flavor(flavor),
         GatewayError::Closed => ApiError::busy(e.to_string()).flavor(flavor),
     })

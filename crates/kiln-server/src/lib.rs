@@ -15,6 +15,7 @@ pub mod gateway;
 pub mod generation;
 pub mod listen;
 pub mod metrics;
+pub mod models;
 pub mod openai;
 pub mod openapi;
 pub mod page;
@@ -33,6 +34,7 @@ use std::sync::Arc;
 pub use gateway::{Gateway, Generator, OneAtATime, Serial};
 pub use kiln_engine::StartGate;
 pub use listen::ConnectionLimits;
+pub use models::{Models, ServedModel};
 pub use state::{AppState, MemoryAdmission, ModelInfo, ServerConfig, SharedState, StatsHook};
 
 /// What other subsystems add to the server: routes (the jobs API and page), `/stats`
@@ -56,46 +58,40 @@ pub struct Extensions {
 pub const DEFAULT_BODY_LIMIT: usize = 4 << 20;
 
 /// Serves on `listener` (with the connection limits of `config`) until `shutdown` resolves,
-/// then lets in-flight requests finish and stops the engine thread.
+/// then lets in-flight requests finish and stops every model's engine thread.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    info: ModelInfo,
-    gateway: Arc<Gateway>,
+    models: Arc<Models>,
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_with(
-        listener,
-        info,
-        gateway,
-        config,
-        Extensions::default(),
-        shutdown,
-    )
-    .await
+    serve_with(listener, models, config, Extensions::default(), shutdown).await
 }
+
+/// How often idle models are checked against their keep-alive.
+const REAP_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// [`serve`] with [`Extensions`].
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
-    info: ModelInfo,
-    gateway: Arc<Gateway>,
+    models: Arc<Models>,
     config: ServerConfig,
     extensions: Extensions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let local_addr = listener.local_addr()?;
     let limits = config.limits;
-    let mut state = AppState::new(info, gateway.clone(), config, local_addr);
+    let mut state = AppState::new(models.clone(), config, local_addr);
     state.extra_stats = extensions.stats;
     state.open_paths = extensions.open_paths;
     state.routes.extend(extensions.routes);
     let state = Arc::new(state);
     let app = routes::router_with(state, extensions.router, extensions.gate_note);
+    let reaper = tokio::spawn(models.clone().reap_loop(REAP_EVERY));
     listen::serve_connections(listener, app, limits, shutdown).await;
-    // Every connection has closed, so nothing waits on the engine any more.
-    let g = gateway.clone();
-    tokio::task::spawn_blocking(move || g.shutdown())
+    // Every connection has closed, so nothing waits on an engine any more.
+    reaper.abort();
+    tokio::task::spawn_blocking(move || models.close())
         .await
         .map_err(std::io::Error::other)?;
     Ok(())

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 
 use kiln_engine::SchedulerStats;
 
+use crate::models::ServedModel;
 use crate::state::SharedState;
 use crate::stats::{kv_usage, scheduler};
 
@@ -21,18 +22,31 @@ use crate::stats::{kv_usage, scheduler};
 /// positions is reported in blocks of vLLM's default size.
 pub const BLOCK_SIZE: usize = 16;
 
-/// A Prometheus text exposition under construction.
+/// One metric family: its header and one sample per model (and label set).
+struct Family {
+    name: String,
+    header: String,
+    samples: String,
+}
+
+/// A Prometheus text exposition under construction: families in first-seen order, each
+/// with the samples of every model written under it.
 struct Exposition {
-    out: String,
+    families: Vec<Family>,
     model: String,
 }
 
 impl Exposition {
     fn new(model: &str) -> Self {
         Self {
-            out: String::new(),
+            families: Vec::new(),
             model: label_value(model),
         }
+    }
+
+    /// Labels the samples that follow with `model`.
+    fn set_model(&mut self, model: &str) {
+        self.model = label_value(model);
     }
 
     fn gauge(&mut self, name: &str, help: &str, v: f64) {
@@ -43,14 +57,34 @@ impl Exposition {
         self.sample(name, "counter", help, &[], v);
     }
 
-    /// One family of one sample, labelled with the model and `labels`.
+    /// One sample of family `name`, labelled with the model and `labels`.
     fn sample(&mut self, name: &str, kind: &str, help: &str, labels: &[(&str, String)], v: f64) {
-        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        let _ = write!(self.out, "{name}{{model_name=\"{}\"", self.model);
+        let i = match self.families.iter().position(|f| f.name == name) {
+            Some(i) => i,
+            None => {
+                self.families.push(Family {
+                    name: name.to_string(),
+                    header: format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"),
+                    samples: String::new(),
+                });
+                self.families.len() - 1
+            }
+        };
+        let out = &mut self.families[i].samples;
+        let _ = write!(out, "{name}{{model_name=\"{}\"", self.model);
         for (k, val) in labels {
-            let _ = write!(self.out, ",{k}=\"{}\"", label_value(val));
+            let _ = write!(out, ",{k}=\"{}\"", label_value(val));
         }
-        let _ = writeln!(self.out, "}} {v}");
+        let _ = writeln!(out, "}} {v}");
+    }
+
+    fn render(self) -> String {
+        let mut out = String::new();
+        for f in self.families {
+            out.push_str(&f.header);
+            out.push_str(&f.samples);
+        }
+        out
     }
 }
 
@@ -64,23 +98,23 @@ fn label_value(v: &str) -> String {
 /// The fraction of the KV memory in use by running sequences: of the budget's room when the
 /// server has a memory budget, else of the slots' positions. Kept prefixes are not in use (a
 /// new request reclaims them), as vLLM does not count its evictable cached blocks.
-fn kv_in_use(state: &SharedState, sched: Option<&SchedulerStats>) -> f64 {
+fn kv_in_use(model: &ServedModel, sched: Option<&SchedulerStats>) -> f64 {
     let Some(s) = sched else {
-        return kv_usage(state, None);
+        return kv_usage(model, None);
     };
     if let (Some(bytes), Some(bill)) = (s.running_kv_bytes, &s.kv_bill)
         && bill.room_bytes > 0
     {
         return (bytes as f64 / bill.room_bytes as f64).min(1.0);
     }
-    let capacity = state.info.context_len.max(1) * s.slots.max(1);
+    let capacity = model.info.context_len.max(1) * s.slots.max(1);
     (s.running_positions as f64 / capacity as f64).min(1.0)
 }
 
 /// KV capacity in positions: the slots' positions, or fewer when the budget's room holds fewer.
-fn kv_capacity_positions(state: &SharedState, sched: Option<&SchedulerStats>) -> usize {
-    let positions = state.info.context_len * sched.map_or(1, |s| s.slots.max(1));
-    let per_token = state.info.kv_bytes_per_token.max(1);
+fn kv_capacity_positions(model: &ServedModel, sched: Option<&SchedulerStats>) -> usize {
+    let positions = model.info.context_len * sched.map_or(1, |s| s.slots.max(1));
+    let per_token = model.info.kv_bytes_per_token.max(1);
     match sched.and_then(|s| s.kv_bill.as_ref()) {
         Some(bill) => positions.min((bill.room_bytes / per_token) as usize),
         None => positions,
@@ -97,9 +131,9 @@ fn unix_now_f64() -> f64 {
 type Plain = (&'static str, &'static str, f64);
 
 /// The vLLM names the gateways read.
-fn gateway_contract(e: &mut Exposition, state: &SharedState, sched: Option<&SchedulerStats>) {
-    let m = &state.gateway.metrics;
-    let usage = kv_in_use(state, sched);
+fn gateway_contract(e: &mut Exposition, model: &ServedModel, sched: Option<&SchedulerStats>) {
+    let m = &model.gateway.metrics;
+    let usage = kv_in_use(model, sched);
     let gauges: [Plain; 4] = [
         (
             "vllm:num_requests_running",
@@ -143,7 +177,7 @@ fn gateway_contract(e: &mut Exposition, state: &SharedState, sched: Option<&Sche
         ],
         unix_now_f64(),
     );
-    let blocks = kv_capacity_positions(state, sched) / BLOCK_SIZE;
+    let blocks = kv_capacity_positions(model, sched) / BLOCK_SIZE;
     e.sample(
         "vllm:cache_config_info",
         "gauge",
@@ -151,7 +185,7 @@ fn gateway_contract(e: &mut Exposition, state: &SharedState, sched: Option<&Sche
         &[
             ("block_size", BLOCK_SIZE.to_string()),
             ("num_gpu_blocks", blocks.to_string()),
-            ("cache_dtype", state.info.kv_scheme.clone()),
+            ("cache_dtype", model.info.kv_scheme.clone()),
         ],
         1.0,
     );
@@ -233,8 +267,8 @@ fn batching(e: &mut Exposition, sched: Option<&SchedulerStats>) {
 }
 
 /// kiln's request, token and prompt-cache counters.
-fn requests(e: &mut Exposition, state: &SharedState, sched: Option<&SchedulerStats>) {
-    let m = &state.gateway.metrics;
+fn requests(e: &mut Exposition, model: &ServedModel, sched: Option<&SchedulerStats>) {
+    let m = &model.gateway.metrics;
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as f64;
     let gauges: [Plain; 3] = [
         (
@@ -250,7 +284,7 @@ fn requests(e: &mut Exposition, state: &SharedState, sched: Option<&SchedulerSta
         (
             "kiln_kv_cache_usage_ratio",
             "KV positions holding data, kept prefixes included (1 = full).",
-            kv_usage(state, sched),
+            kv_usage(model, sched),
         ),
     ];
     for (name, help, v) in gauges {
@@ -310,13 +344,33 @@ fn requests(e: &mut Exposition, state: &SharedState, sched: Option<&SchedulerSta
 
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<SharedState>) -> Response {
-    let mut e = Exposition::new(&state.info.id);
-    // One snapshot of the scheduler for the whole scrape: its numbers agree with each other.
-    let sched = scheduler(&state);
-    gateway_contract(&mut e, &state, sched.as_ref());
-    batching(&mut e, sched.as_ref());
-    requests(&mut e, &state, sched.as_ref());
-    let mut resp = e.out.into_response();
+    let mut e = Exposition::new(state.models.default_id());
+    let (loaded, _) = state.models.loaded();
+    for entry in &loaded {
+        let model = &entry.model;
+        e.set_model(&model.info.id);
+        // One snapshot of the scheduler per model and scrape: its numbers agree.
+        let sched = scheduler(model);
+        gateway_contract(&mut e, model, sched.as_ref());
+        batching(&mut e, sched.as_ref());
+        requests(&mut e, model, sched.as_ref());
+    }
+    e.set_model(state.models.default_id());
+    let settings = state.models.settings();
+    e.gauge(
+        "kiln_models_loaded",
+        "Models loaded now.",
+        loaded.len() as f64,
+    );
+    e.gauge(
+        "kiln_models_memory_bytes",
+        "Bytes of the memory budget the loaded models hold.",
+        state.models.billed_bytes() as f64,
+    );
+    if let Some(b) = settings.budget_bytes {
+        e.gauge("kiln_memory_budget_bytes", "The memory budget.", b as f64);
+    }
+    let mut resp = e.render().into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -339,7 +393,7 @@ mod tests {
             1.0,
         );
         assert_eq!(
-            e.out,
+            e.render(),
             "# HELP x_info Help.\n# TYPE x_info gauge\nx_info{model_name=\"a\\\"b\",k=\"v\\\\1\\n\"} 1\n"
         );
     }

@@ -146,5 +146,5 @@ pub fn document(model: &str, routes: &[RouteDoc]) -> Value {
 
 /// `GET /openapi.json`.
 pub async fn spec(State(state): State<SharedState>) -> axum::Json<Value> {
-    axum::Json(document(&state.info.id, &state.routes))
+    axum::Json(document(state.models.default_id(), &state.routes))
 }

@@ -1,12 +1,11 @@
 //! The router: every route, discovery endpoints, and the 404/405 fallbacks.
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, Uri};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use kiln_model::lora::ServedAdapter;
 use serde::Serialize;
 
 use crate::errors::{ApiError, Flavor};
@@ -27,8 +26,22 @@ pub const ROUTES: &[RouteDoc] = &[
         "Readiness: 200 once the model is loaded, 503 while shutting down",
     ),
     ("GET", "/v1", "This index of endpoints"),
-    ("GET", "/v1/models", "The served model"),
-    ("GET", "/v1/models/{id}", "One model by id"),
+    (
+        "GET",
+        "/v1/models",
+        "Loaded, loading and available models (status loaded|loading|unloaded) and mounted adapters (parent: their model)",
+    ),
+    ("GET", "/v1/models/{id}", "One model or adapter by id"),
+    (
+        "POST",
+        "/api/models/load",
+        "Load a model: {model, keep_alive?} -> its /v1/models card",
+    ),
+    (
+        "POST",
+        "/api/models/unload",
+        "Unload a model: {model} -> {id, status: unloaded|unloading}",
+    ),
     (
         "POST",
         "/v1/chat/completions",
@@ -129,8 +142,10 @@ pub fn router_with(
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/v1", get(index))
-        .route("/v1/models", get(models))
-        .route("/v1/models/{*id}", get(model))
+        .route("/v1/models", get(crate::models::http::list))
+        .route("/v1/models/{*id}", get(crate::models::http::one))
+        .route("/api/models/load", post(crate::models::http::load))
+        .route("/api/models/unload", post(crate::models::http::unload))
         .route("/v1/chat/completions", post(openai::chat::handler))
         .route("/v1/completions", post(openai::completions::handler))
         .route("/v1/responses", post(openai::responses::handler))
@@ -201,10 +216,10 @@ async fn health() -> axum::Json<Health<'static>> {
 }
 
 async fn ready(State(state): State<SharedState>) -> Response {
-    if state.gateway.is_open() {
+    if state.models.is_open() {
         let body = Health {
             status: "ready",
-            model: Some(&state.info.id),
+            model: Some(state.models.default_id()),
         };
         axum::Json(body).into_response()
     } else {
@@ -244,14 +259,14 @@ async fn index(State(state): State<SharedState>) -> Response {
     let body = Index {
         name: "kiln",
         version: env!("CARGO_PKG_VERSION"),
-        model: &state.info.id,
+        model: state.models.default_id(),
         endpoints,
     };
     axum::Json(body).into_response()
 }
 
 /// Unix seconds as RFC 3339 UTC (Anthropic's `created_at`), by Howard Hinnant's civil-from-days.
-fn rfc3339(secs: u64) -> String {
+pub(crate) fn rfc3339(secs: u64) -> String {
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
     let z = days + 719_468;
@@ -269,114 +284,6 @@ fn rfc3339(secs: u64) -> String {
         rem % 3600 / 60,
         rem % 60
     )
-}
-
-/// One model or mounted adapter of `/v1/models`, readable by the OpenAI and Anthropic SDKs;
-/// `root`/`parent` follow vLLM (an adapter's parent is the model it runs on).
-#[derive(Serialize)]
-struct ModelCard<'a> {
-    id: &'a str,
-    object: &'static str,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    display_name: &'a str,
-    created: u64,
-    created_at: String,
-    owned_by: &'static str,
-    /// `loaded`: this server holds it and answers at once.
-    status: &'static str,
-    context_length: usize,
-    max_model_len: usize,
-    max_input_tokens: usize,
-    context_window: usize,
-    root: String,
-    parent: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    architecture: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kv_scheme: Option<&'a str>,
-    reasoning: bool,
-    vision: bool,
-}
-
-fn model_entry(state: &SharedState) -> ModelCard<'_> {
-    let info = &state.info;
-    ModelCard {
-        id: &info.id,
-        object: "model",
-        kind: "model",
-        display_name: &info.id,
-        created: state.started_at,
-        created_at: rfc3339(state.started_at),
-        owned_by: "kiln",
-        status: "loaded",
-        context_length: info.context_len,
-        max_model_len: info.context_len,
-        max_input_tokens: info.context_len,
-        context_window: info.context_len,
-        root: info.id.clone(),
-        parent: None,
-        architecture: Some(&info.arch),
-        kv_scheme: Some(&info.kv_scheme),
-        reasoning: false,
-        vision: false,
-    }
-}
-
-fn adapter_entry<'a>(state: &'a SharedState, a: &'a ServedAdapter) -> ModelCard<'a> {
-    ModelCard {
-        id: a.id(),
-        display_name: a.id(),
-        root: a.path().display().to_string(),
-        parent: Some(&state.info.id),
-        architecture: None,
-        kv_scheme: None,
-        ..model_entry(state)
-    }
-}
-
-/// The `/v1/models` list (OpenAI's shape, with Anthropic's paging fields).
-#[derive(Serialize)]
-struct ModelList<'a> {
-    object: &'static str,
-    data: Vec<ModelCard<'a>>,
-    has_more: bool,
-    first_id: Option<&'a str>,
-    last_id: Option<&'a str>,
-}
-
-async fn models(State(state): State<SharedState>) -> Response {
-    let mounted = crate::adapters::mounted(&state);
-    let mut data = vec![model_entry(&state)];
-    data.extend(mounted.iter().map(|a| adapter_entry(&state, a)));
-    let first_id = data.first().map(|c| c.id);
-    let last_id = data.last().map(|c| c.id);
-    let list = ModelList {
-        object: "list",
-        has_more: false,
-        first_id,
-        last_id,
-        data,
-    };
-    axum::Json(list).into_response()
-}
-
-async fn model(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
-    if id == state.info.id {
-        return axum::Json(model_entry(&state)).into_response();
-    }
-    let mounted = crate::adapters::mounted(&state);
-    if let Some(a) = mounted.iter().find(|a| a.id() == id) {
-        return axum::Json(adapter_entry(&state, a)).into_response();
-    }
-    let mut known = vec![state.info.id.clone()];
-    known.extend(mounted.iter().map(|a| a.id().to_string()));
-    ApiError::not_found(format!(
-        "model {id:?} not found; this server serves {}",
-        known.join(", ")
-    ))
-    .with_code("model_not_found")
-    .into_response()
 }
 
 #[cfg(test)]

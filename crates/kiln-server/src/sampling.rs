@@ -51,16 +51,17 @@ pub struct SamplingFields {
 }
 
 impl SamplingFields {
-    /// Engine sampling settings for these fields under `state`'s defaults; `top_logprobs`
+    /// Engine sampling settings for these fields under `state`'s and `model`'s defaults; `top_logprobs`
     /// requested alternatives, `logprobs` whether the chosen token's logprob is reported.
     pub fn resolve(
         &self,
         state: &AppState,
+        model: &crate::state::ModelInfo,
         logprobs: bool,
         top_logprobs: usize,
         allow_logit_bias: bool,
     ) -> Result<SamplingParams, ApiError> {
-        let defaults = &state.info.generation;
+        let defaults = &model.generation;
         let cfg = &state.config;
         let logit_bias = match &self.logit_bias {
             Some(v) if !v.is_null() => {
@@ -110,7 +111,7 @@ impl SamplingFields {
             ..SamplingParams::default()
         };
         params
-            .validate_for_vocab(state.info.vocab_size)
+            .validate_for_vocab(model.vocab_size)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         Ok(params)
     }

@@ -1,4 +1,5 @@
-//! What every handler shares: the served model's facts, the gateway, the server's settings.
+//! What every handler shares: the models (each with its facts and gateway), the server's
+//! settings.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use kiln_model::chat_template::ChatTemplate;
 use kiln_model::files::GenerationDefaults;
 use kiln_model::tokenizer::KilnTokenizer;
 
-use crate::gateway::Gateway;
+use crate::models::Models;
 
 /// Facts about the served model that the HTTP side needs (tokenizing, templating, limits).
 #[derive(Debug, Clone)]
@@ -123,18 +124,14 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// Connection timeouts and cap.
     pub limits: crate::listen::ConnectionLimits,
-    /// The mounted LoRA adapters (`--adapter`, `/v1/adapters`); `None`: none can be mounted.
-    pub adapters: Option<Arc<kiln_engine::AdapterRegistry>>,
     /// Folders whose adapter subfolders `GET /v1/adapters/available` lists (fine-tune outputs).
     pub adapter_dirs: Vec<std::path::PathBuf>,
 }
 
 /// Shared handler state.
 pub struct AppState {
-    /// The served model.
-    pub info: ModelInfo,
-    /// The engine behind its channel.
-    pub gateway: Arc<Gateway>,
+    /// The loaded models and how to load more.
+    pub models: Arc<Models>,
     /// Settings.
     pub config: ServerConfig,
     /// Where the server listens (for the Host check on loopback).
@@ -168,15 +165,9 @@ pub fn unix_now() -> u64 {
 
 impl AppState {
     /// New state.
-    pub fn new(
-        info: ModelInfo,
-        gateway: Arc<Gateway>,
-        config: ServerConfig,
-        local_addr: SocketAddr,
-    ) -> Self {
+    pub fn new(models: Arc<Models>, config: ServerConfig, local_addr: SocketAddr) -> Self {
         Self {
-            info,
-            gateway,
+            models,
             config,
             local_addr,
             started_at: unix_now(),

@@ -108,13 +108,12 @@ fn setup(slots: usize, api_key: Option<&str>) -> Setup {
             .map(|(n, seed, widen)| (n, write_adapter(&cfg, n, seed, widen)))
             .collect();
     let config = ServerConfig {
-        adapters: Some(registry.clone()),
         api_key: api_key.map(String::from),
         prompt_cache_bytes: 1 << 30,
         ..ServerConfig::default()
     };
     Setup {
-        app: app_with(e, config, 64),
+        app: app_with_adapters(e, config, 64, registry.clone()),
         registry,
         dirs,
     }

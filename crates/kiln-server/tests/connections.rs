@@ -73,7 +73,11 @@ fn start_with_key(scripted: Scripted, limits: ConnectionLimits, key: Option<&str
             let shutdown = async {
                 let _ = stopped.await;
             };
-            kiln_server::serve(listener, info, gateway, config, shutdown)
+            let models = Arc::new(kiln_server::Models::single(
+                kiln_server::ServedModel::new(info, gateway),
+                None,
+            ));
+            kiln_server::serve(listener, models, config, shutdown)
                 .await
                 .expect("serve");
         });

@@ -1,17 +1,16 @@
-//! A panic inside a kernel during a served request: that request gets a 500, the engine's
-//! pool and cache recover, and the next request is answered normally. The real starter model
+//! A panic inside a kernel during a served request: that request gets a 500, the broken
+//! engine is unloaded, and the next request is answered normally by the model loaded again. The real starter model
 //! runs behind the real gateway; `kiln_kernels::pool::fault` makes one pool task panic.
 
 mod common;
 
 use axum::http::StatusCode;
 use common::*;
-use kiln_server::ServerConfig;
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kernel_panic_is_a_500_and_the_next_request_is_served() {
-    let app = app_with(engine(), ServerConfig::default(), 4);
+    let app = app_reloading(engine, 4);
     let req = json!({
         "messages": [{"role": "user", "content": "Say hello."}],
         "max_tokens": 8, "temperature": 0,

@@ -21,7 +21,7 @@ const HERMES: &[&str] = &[
 
 fn tools_body(stream: bool) -> String {
     json!({
-        "model": "x", "stream": stream,
+        "model": "test-model", "stream": stream,
         "messages": [{"role": "user", "content": "Weather in Paris?"}],
         "tools": [{"type": "function", "function": {"name": "get_weather",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
@@ -87,7 +87,7 @@ async fn chat_without_tools_keeps_markup_as_text() {
 async fn anthropic_stream_grammar_with_tool_use() {
     let app = scripted(HERMES);
     let body = json!({
-        "model": "x", "max_tokens": 50, "stream": true,
+        "model": "test-model", "max_tokens": 50, "stream": true,
         "messages": [{"role": "user", "content": "Weather?"}],
         "tools": [{"name": "get_weather", "description": "w", "input_schema": {"type": "object"}}],
     })
@@ -124,7 +124,7 @@ async fn anthropic_stream_grammar_with_tool_use() {
 async fn anthropic_tool_round_trip_history_and_malformed_call() {
     let app = scripted(&["It is sunny."]);
     let body = json!({
-        "model": "x", "max_tokens": 20, "system": [{"type": "text", "text": "Be brief."}],
+        "model": "test-model", "max_tokens": 20, "system": [{"type": "text", "text": "Be brief."}],
         "messages": [
             {"role": "user", "content": "Weather?"},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
@@ -193,7 +193,7 @@ async fn discovery_endpoints() {
 #[tokio::test]
 async fn count_tokens_matches_usage() {
     let app = scripted(&["ok"]);
-    let req = json!({"model": "x", "max_tokens": 5, "messages": [{"role": "user", "content": "Count me"}]});
+    let req = json!({"model": "test-model", "max_tokens": 5, "messages": [{"role": "user", "content": "Count me"}]});
     let (_, text) = post(&app, "/v1/messages/count_tokens", &req.to_string()).await;
     let n = serde_json::from_str::<Value>(&text).unwrap()["input_tokens"].clone();
     let (_, text) = post(&app, "/v1/messages", &req.to_string()).await;

@@ -71,7 +71,7 @@ async fn anthropic_errors_are_anthropic_shaped() {
 #[tokio::test]
 async fn anthropic_messages_require_max_tokens_and_count_tokens_does_not() {
     let app = scripted(&["x"]);
-    let req = json!({"model": "x", "messages": [{"role": "user", "content": "hi"}]});
+    let req = json!({"model": "test-model", "messages": [{"role": "user", "content": "hi"}]});
     for stream in [false, true] {
         let mut r = req.clone();
         r["stream"] = json!(stream);

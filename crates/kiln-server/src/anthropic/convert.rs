@@ -9,9 +9,12 @@ use crate::sampling::SamplingFields;
 /// The request body.
 #[derive(Debug, Deserialize)]
 pub struct MessagesRequest {
-    /// The model: a mounted adapter's id runs that adapter (vLLM's convention) when `adapter`
-    /// is absent; any other name serves the loaded model.
+    /// The model: a loaded or available model's name (loaded on demand), or a mounted
+    /// adapter's id, which runs that adapter on its model (vLLM's convention) when `adapter` is
+    /// absent; absent: the default model.
     pub model: Option<Value>,
+    /// How long the model stays loaded once idle (Ollama's `keep_alive`).
+    pub keep_alive: Option<Value>,
     /// Conversation turns.
     pub messages: Value,
     /// System prompt: a string or text blocks.

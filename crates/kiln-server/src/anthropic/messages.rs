@@ -15,11 +15,12 @@ use crate::body::parse_request;
 use crate::chat_plan::{ChatInput, ChatTurn, plan_chat};
 use crate::errors::{ApiError, Flavor};
 use crate::generation::{blocking, collect, plan_max_tokens, sse_response, submit};
+use crate::models::ServedModel;
 use crate::state::SharedState;
 use crate::structured::anthropic_tool_choice;
 use crate::turn::{Turn, TurnBuilder};
 
-fn plan(state: &SharedState, req: &MessagesRequest) -> Result<ChatTurn, ApiError> {
+fn plan(model: &ServedModel, req: &MessagesRequest) -> Result<ChatTurn, ApiError> {
     let choice = anthropic_tool_choice(req.tool_choice.as_ref())?;
     let (messages, tools) = to_openai(req)?;
     let single_call = req
@@ -29,7 +30,7 @@ fn plan(state: &SharedState, req: &MessagesRequest) -> Result<ChatTurn, ApiError
         .and_then(Value::as_bool)
         == Some(true);
     plan_chat(
-        &state.info,
+        &model.info,
         ChatInput {
             messages: &messages,
             tools: tools
@@ -170,11 +171,15 @@ pub async fn handler(
         // Anthropic's API answers exactly this; its SDKs make the field mandatory too.
         return Err(ApiError::bad_request("max_tokens: Field required").flavor(f));
     };
-    let adapters =
-        crate::adapters::resolve(&state, req.adapter.as_ref()).map_err(|e| e.flavor(f))?;
-    let st = state.clone();
+    let lease = crate::models::acquire(&state.models, req.model.as_ref(), req.keep_alive.as_ref())
+        .await
+        .map_err(|e| e.flavor(f))?;
+    let model = lease.model().clone();
+    let adapters = crate::adapters::resolve_for(&model, req.adapter.as_ref(), req.model.as_ref())
+        .map_err(|e| e.flavor(f))?;
+    let m = model.clone();
     let (req, plan) = blocking(f, move || {
-        let p = plan(&st, &req).map_err(|e| e.flavor(f))?;
+        let p = plan(&m, &req).map_err(|e| e.flavor(f))?;
         Ok((req, p))
     })
     .await?;
@@ -182,15 +187,15 @@ pub async fn handler(
         .map_err(|e| e.flavor(f))?;
     let sampling = req
         .sampling
-        .resolve(&state, false, 0, false)
+        .resolve(&state, &model.info, false, 0, false)
         .map_err(|e| e.flavor(f))?;
     let prompt = plan.prompt;
     // No default applies: the request always names its max_tokens.
-    let max_tokens = plan_max_tokens(&state, prompt.len(), Some(requested), 1, "max_tokens")
+    let max_tokens = plan_max_tokens(&state, &model, prompt.len(), Some(requested), 1, "max_tokens")
         .map_err(|e| e.flavor(f))?;
     let input_tokens = prompt.len();
     let rx = submit(
-        &state,
+        &model,
         GenerateRequest {
             prompt,
             max_tokens,
@@ -204,7 +209,7 @@ pub async fn handler(
     )?;
     let id = state.new_id("msg_");
     if req.stream.unwrap_or(false) {
-        let framer = MessagesFramer::new(state.clone(), id, plan.shape, stop, input_tokens);
+        let framer = MessagesFramer::new(state.clone(), model.clone(), id, plan.shape, stop, input_tokens);
         return Ok(sse_response(rx, framer));
     }
     let out = collect(rx, f).await?;
@@ -214,7 +219,7 @@ pub async fn handler(
         id: &id,
         kind: "message",
         role: "assistant",
-        model: &state.info.id,
+        model: &model.info.id,
         content: content_blocks(&turn),
         stop_reason,
         stop_sequence,
@@ -230,8 +235,12 @@ pub async fn count_tokens(
 ) -> Result<Response, ApiError> {
     let f = Flavor::Anthropic;
     let req: MessagesRequest = parse_request(body, f)?;
+    let lease = crate::models::acquire(&state.models, req.model.as_ref(), None)
+        .await
+        .map_err(|e| e.flavor(f))?;
+    let model = lease.model().clone();
     // Counted on the plan the messages call runs, so the two always agree.
-    let turn = blocking(f, move || plan(&state, &req).map_err(|e| e.flavor(f))).await?;
+    let turn = blocking(f, move || plan(&model, &req).map_err(|e| e.flavor(f))).await?;
     let body = TokenCount {
         input_tokens: turn.prompt.len(),
     };

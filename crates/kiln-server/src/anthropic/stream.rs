@@ -2,6 +2,8 @@
 //! `content_block_start` / `content_block_delta`… / `content_block_stop`, then `message_delta`
 //! and `message_stop`.
 
+use std::sync::Arc;
+
 use kiln_engine::GenerateOutput;
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -9,6 +11,7 @@ use serde_json::{Map, Value};
 use super::messages::{ContentBlock, Usage, stop_reason, usage};
 use crate::errors::{ApiError, Flavor};
 use crate::generation::{Framer, event_frame};
+use crate::models::ServedModel;
 use crate::state::SharedState;
 use crate::turn::{Delta, TurnBuilder, TurnShape};
 
@@ -125,6 +128,7 @@ impl TextBlock {
 /// Frames one messages stream.
 pub struct MessagesFramer {
     state: SharedState,
+    model: Arc<ServedModel>,
     id: String,
     turn: TurnBuilder,
     stops: Vec<String>,
@@ -139,6 +143,7 @@ impl MessagesFramer {
     /// A framer for message `id`, whose answer has `shape`.
     pub fn new(
         state: SharedState,
+        model: Arc<ServedModel>,
         id: String,
         shape: TurnShape,
         stops: Vec<String>,
@@ -147,6 +152,7 @@ impl MessagesFramer {
         Self {
             input_tokens,
             state,
+            model,
             id,
             turn: TurnBuilder::new(shape),
             stops,
@@ -213,7 +219,7 @@ impl Framer for MessagesFramer {
             kind: "message",
             role: "assistant",
             content: [],
-            model: &self.state.info.id,
+            model: &self.model.info.id,
             stop_reason: None,
             stop_sequence: None,
             usage: StartUsage {

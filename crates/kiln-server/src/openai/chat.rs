@@ -20,6 +20,7 @@ use crate::generation::{
 };
 use crate::prompt::validate_tools;
 use crate::sampling::{SamplingFields, parse_stop, parse_top_logprobs};
+use crate::models::ServedModel;
 use crate::state::{SharedState, unix_now};
 use crate::structured::{chat_response_format, openai_tool_choice};
 use crate::turn::{Turn, TurnBuilder, TurnShape};
@@ -30,9 +31,12 @@ pub const DEFAULT_CHAT_MAX_TOKENS: usize = 65536;
 /// The request body (unknown fields are ignored).
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
-    /// The model: a mounted adapter's id runs that adapter (vLLM's convention) when `adapter`
-    /// is absent; any other name serves the loaded model.
+    /// The model: a loaded or available model's name (loaded on demand), or a mounted
+    /// adapter's id, which runs that adapter on its model (vLLM's convention) when `adapter` is
+    /// absent; absent: the default model.
     pub model: Option<Value>,
+    /// How long the model stays loaded once idle (Ollama's `keep_alive`).
+    pub keep_alive: Option<Value>,
     /// Conversation.
     pub messages: Value,
     /// Stream as server-sent events.
@@ -149,14 +153,18 @@ fn refuse_unsupported(req: &ChatRequest) -> Result<(), ApiError> {
 }
 
 /// Validates `req` and builds its prompt.
-pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError> {
+pub fn plan(
+    state: &SharedState,
+    model: &ServedModel,
+    req: &ChatRequest,
+) -> Result<ChatPlan, ApiError> {
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request(
             "n must be 1: kiln generates one choice per request",
         ));
     }
     refuse_unsupported(req)?;
-    let adapters = crate::adapters::resolve_for(state, req.adapter.as_ref(), req.model.as_ref())?;
+    let adapters = crate::adapters::resolve_for(model, req.adapter.as_ref(), req.model.as_ref())?;
     let tools = match &req.tools {
         Some(t) if !t.is_null() => validate_tools(t)?,
         _ => Vec::new(),
@@ -170,9 +178,9 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
     let stop = parse_stop(req.stop.as_ref(), "stop")?;
     let sampling = req
         .sampling
-        .resolve(state, logprobs, if logprobs { top } else { 0 }, true)?;
+        .resolve(state, &model.info, logprobs, if logprobs { top } else { 0 }, true)?;
     let turn = plan_chat(
-        &state.info,
+        &model.info,
         ChatInput {
             messages: &req.messages,
             tools,
@@ -190,6 +198,7 @@ pub fn plan(state: &SharedState, req: &ChatRequest) -> Result<ChatPlan, ApiError
     };
     let max_tokens = plan_max_tokens(
         state,
+        model,
         prompt.len(),
         requested,
         DEFAULT_CHAT_MAX_TOKENS,
@@ -216,29 +225,31 @@ pub async fn handler(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = parse_request(body, Flavor::OpenAi)?;
-    let st = state.clone();
+    let lease = crate::models::acquire(&state.models, req.model.as_ref(), req.keep_alive.as_ref()).await?;
+    let model = lease.model().clone();
+    let (st, m) = (state.clone(), model.clone());
     let (req, plan) = blocking(Flavor::OpenAi, move || {
-        let p = plan(&st, &req)?;
+        let p = plan(&st, &m, &req)?;
         Ok((req, p))
     })
     .await?;
-    let rx = submit(&state, plan.request, Flavor::OpenAi)?;
+    let rx = submit(&model, plan.request, Flavor::OpenAi)?;
     let id = state.new_id("chatcmpl-");
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
-        let framer = ChatFramer::new(state.clone(), id, plan.shape, include_usage, plan.logprobs);
+        let framer = ChatFramer::new(state.clone(), model.clone(), id, plan.shape, include_usage, plan.logprobs);
         return Ok(sse_response(rx, framer));
     }
     let out = collect(rx, Flavor::OpenAi).await?;
     let turn = TurnBuilder::whole(plan.shape, &out.text, || state.new_id("call_"));
     let lp = plan
         .logprobs
-        .then(|| logprobs::chat(&state.info.tokenizer, &out.logprobs));
+        .then(|| logprobs::chat(&model.info.tokenizer, &out.logprobs));
     let body = ChatCompletion {
         id: &id,
         object: "chat.completion",
         created: unix_now(),
-        model: &state.info.id,
+        model: &model.info.id,
         choices: [ChatChoice {
             index: 0,
             message: AssistantMessage::of(&turn),

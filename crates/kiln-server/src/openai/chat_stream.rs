@@ -9,12 +9,16 @@ use super::logprobs::ChatLogprobs;
 use super::{Usage, usage};
 use crate::errors::ApiError;
 use crate::generation::{Framer, data_frame, finish_reason_str};
+use std::sync::Arc;
+
+use crate::models::ServedModel;
 use crate::state::{SharedState, unix_now};
 use crate::turn::{Delta, Turn, TurnBuilder, TurnShape};
 
 /// Frames one chat stream.
 pub struct ChatFramer {
     state: SharedState,
+    model: Arc<ServedModel>,
     id: String,
     created: u64,
     include_usage: bool,
@@ -100,6 +104,7 @@ impl ChatFramer {
     /// A framer for response `id`.
     pub fn new(
         state: SharedState,
+        model: Arc<ServedModel>,
         id: String,
         shape: TurnShape,
         include_usage: bool,
@@ -111,6 +116,7 @@ impl ChatFramer {
             sent: 0,
             logprobs,
             state,
+            model,
             id,
             created: unix_now(),
             include_usage,
@@ -141,7 +147,7 @@ impl ChatFramer {
             id: &self.id,
             object: "chat.completion.chunk",
             created: self.created,
-            model: &self.state.info.id,
+            model: &self.model.info.id,
             choices,
             usage,
         }
@@ -175,7 +181,7 @@ impl ChatFramer {
         }
         self.sent += self.pending.len();
         let lp = std::mem::take(&mut self.pending);
-        Some(super::logprobs::chat(&self.state.info.tokenizer, &lp))
+        Some(super::logprobs::chat(&self.model.info.tokenizer, &lp))
     }
 }
 
@@ -213,7 +219,7 @@ impl Framer for ChatFramer {
         // `logprobs.content` across chunks.
         let lp = self.logprobs.then(|| {
             let rest = out.logprobs.get(self.sent..).unwrap_or_default();
-            super::logprobs::chat(&self.state.info.tokenizer, rest)
+            super::logprobs::chat(&self.model.info.tokenizer, rest)
         });
         let finish = finish_reason_str(out, !turn.calls.is_empty());
         frames.push_str(&self.chunk_with(ChunkDelta::default(), Some(finish), lp));

@@ -1,5 +1,7 @@
 //! `POST /v1/completions`: raw text in, no template.
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -18,6 +20,7 @@ use crate::generation::{
     Framer, blocking, collect, data_frame, finish_reason_str, plan_max_tokens, sse_response, submit,
 };
 use crate::sampling::{SamplingFields, parse_stop};
+use crate::models::ServedModel;
 use crate::state::{SharedState, unix_now};
 
 /// Built-in `max_tokens` default for completions (spec §3.2).
@@ -26,9 +29,12 @@ pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 512;
 /// The request body.
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
-    /// The model: a mounted adapter's id runs that adapter (vLLM's convention) when `adapter`
-    /// is absent; any other name serves the loaded model.
+    /// The model: a loaded or available model's name (loaded on demand), or a mounted
+    /// adapter's id, which runs that adapter on its model (vLLM's convention) when `adapter` is
+    /// absent; absent: the default model.
     pub model: Option<Value>,
+    /// How long the model stays loaded once idle (Ollama's `keep_alive`).
+    pub keep_alive: Option<Value>,
     /// The prompt text.
     pub prompt: Value,
     /// Stream as server-sent events.
@@ -109,13 +115,16 @@ pub async fn handler(
         },
     };
     let stop = parse_stop(req.stop.as_ref(), "stop")?;
-    let sampling = req
-        .sampling
-        .resolve(&state, top.is_some(), top.unwrap_or(0), true)?;
-    let adapters = crate::adapters::resolve_for(&state, req.adapter.as_ref(), req.model.as_ref())?;
-    let (st, text) = (state.clone(), prompt.clone());
+    let lease =
+        crate::models::acquire(&state.models, req.model.as_ref(), req.keep_alive.as_ref()).await?;
+    let model = lease.model().clone();
+    let sampling =
+        req.sampling
+            .resolve(&state, &model.info, top.is_some(), top.unwrap_or(0), true)?;
+    let adapters = crate::adapters::resolve_for(&model, req.adapter.as_ref(), req.model.as_ref())?;
+    let (m, text) = (model.clone(), prompt.clone());
     let ids = blocking(Flavor::OpenAi, move || {
-        st.info
+        m.info
             .tokenizer
             .encode(&text, true)
             .map_err(|e| ApiError::bad_request(format!("prompt: {e}")))
@@ -123,13 +132,14 @@ pub async fn handler(
     .await?;
     let max_tokens = plan_max_tokens(
         &state,
+        &model,
         ids.len(),
         req.max_tokens,
         DEFAULT_COMPLETION_MAX_TOKENS,
         "max_tokens",
     )?;
     let rx = submit(
-        &state,
+        &model,
         GenerateRequest {
             prompt: ids,
             max_tokens,
@@ -146,7 +156,7 @@ pub async fn handler(
         return Ok(sse_response(
             rx,
             CompletionFramer {
-                state: state.clone(),
+                model: model.clone(),
                 id,
                 created: unix_now(),
                 top,
@@ -157,12 +167,12 @@ pub async fn handler(
         ));
     }
     let out = collect(rx, Flavor::OpenAi).await?;
-    let lp = top.map(|k| logprobs::completion(&state.info.tokenizer, &out.logprobs, k > 0));
+    let lp = top.map(|k| logprobs::completion(&model.info.tokenizer, &out.logprobs, k > 0));
     let body = TextCompletion {
         id: &id,
         object: "text_completion",
         created: unix_now(),
-        model: &state.info.id,
+        model: &model.info.id,
         choices: [TextChoice {
             index: 0,
             text: &out.text,
@@ -196,7 +206,7 @@ struct TextChoice<'a> {
 }
 
 struct CompletionFramer {
-    state: SharedState,
+    model: Arc<ServedModel>,
     id: String,
     created: u64,
     /// Legacy `logprobs` (alternatives per token), when asked for.
@@ -221,7 +231,7 @@ impl CompletionFramer {
             id: &self.id,
             object: "text_completion",
             created: self.created,
-            model: &self.state.info.id,
+            model: &self.model.info.id,
             choices: [TextChoice {
                 index: 0,
                 text,
@@ -237,7 +247,7 @@ impl CompletionFramer {
             Some(k) if !self.pending.is_empty() => {
                 let lp = std::mem::take(&mut self.pending);
                 self.sent += lp.len();
-                let tok = &self.state.info.tokenizer;
+                let tok = &self.model.info.tokenizer;
                 Some(logprobs::completion_from(tok, &lp, k > 0, &mut self.offset))
             }
             _ => None,
@@ -263,7 +273,7 @@ impl Framer for CompletionFramer {
         // at a stop string, or none) ride on the last chunk, whose text is empty.
         let lp = self.top.map(|k| {
             let rest = out.logprobs.get(self.sent..).unwrap_or_default();
-            let tok = &self.state.info.tokenizer;
+            let tok = &self.model.info.tokenizer;
             logprobs::completion_from(tok, rest, k > 0, &mut self.offset)
         });
         let last = self.body(

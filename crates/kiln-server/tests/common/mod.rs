@@ -15,7 +15,9 @@ use kiln_engine::{
     Engine, EngineError, EngineOptions, FinishReason, GenerateOutput, GenerateRequest, load_model,
 };
 use kiln_model::backend::cpu::{CpuBackend, CpuOptions};
-use kiln_server::{AppState, Gateway, Generator, ModelInfo, OneAtATime, Serial, ServerConfig};
+use kiln_server::{
+    AppState, Gateway, Generator, ModelInfo, Models, OneAtATime, Serial, ServedModel, ServerConfig,
+};
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -101,13 +103,47 @@ pub fn app_with_info<G: Generator>(
     info: ModelInfo,
 ) -> Router {
     let gateway = Arc::new(Gateway::start(generator, queue, None));
+    app_over(Models::single(ServedModel::new(info, gateway), None), config)
+}
+
+/// A router over the models of `pool`.
+pub fn app_over(pool: Models, config: ServerConfig) -> Router {
     let addr: SocketAddr = "127.0.0.1:8080".parse().unwrap();
     let config = ServerConfig {
         body_limit: kiln_server::DEFAULT_BODY_LIMIT,
         ..config
     };
-    let state = Arc::new(AppState::new(info, gateway, config, addr));
+    let state = Arc::new(AppState::new(Arc::new(pool), config, addr));
     kiln_server::routes::router(state)
+}
+
+/// A router over `generator` whose model has the adapters of `registry`.
+pub fn app_with_adapters<G: Generator>(
+    generator: G,
+    config: ServerConfig,
+    queue: usize,
+    registry: Arc<kiln_engine::AdapterRegistry>,
+) -> Router {
+    let gateway = Arc::new(Gateway::start(generator, queue, None));
+    let model = ServedModel::new(info(), gateway).with_adapters(registry);
+    app_over(Models::single(model, None), config)
+}
+
+/// A router over the starter model's engine that loads it again (with `make`) after a panic
+/// broke it.
+pub fn app_reloading(
+    make: impl Fn() -> Engine<CpuBackend> + Send + Sync + 'static,
+    queue: usize,
+) -> Router {
+    let make = Arc::new(make);
+    let build = {
+        let make = make.clone();
+        move || ServedModel::new(info(), Arc::new(Gateway::start(make(), queue, None)))
+    };
+    let first = build();
+    let remake: Box<dyn Fn() -> Result<ServedModel, String> + Send + Sync> =
+        Box::new(move || Ok(build()));
+    app_over(Models::single(first, Some(remake)), ServerConfig::default())
 }
 
 /// A scripted generator replaying `pieces`.

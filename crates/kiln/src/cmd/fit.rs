@@ -55,7 +55,7 @@ fn compute(
     model: &str,
     ctx: Option<usize>,
     kv: &crate::kv::KvArgs,
-    budget_gb: Option<f64>,
+    budget: Option<(u64, &'static str)>,
     threads: usize,
 ) -> Result<Option<Computed>> {
     let path = crate::common::resolve(model)?;
@@ -68,13 +68,8 @@ fn compute(
         None => cfg.max_position_embeddings.min(4096),
     };
     let default_budget = memory::default_memory_budget();
-    let (budget_bytes, budget_source) = match budget_gb {
-        Some(gb) if gb.is_finite() && gb > 0.0 => ((gb * 1e9) as u64, "--memory-budget"),
-        Some(gb) => bail!("--memory-budget must be a positive number of GB, got {gb}"),
-        None => match default_budget {
-            Some(b) => (b.bytes, "process (cgroup room and MemAvailable)"),
-            None => return Ok(None),
-        },
+    let Some((budget_bytes, budget_source)) = budget else {
+        return Ok(None);
     };
     let backend = kiln_model::backend::cpu::CpuBackend::new(Default::default());
     let report = memory::fit(
@@ -99,6 +94,34 @@ fn compute(
     }))
 }
 
+/// `--memory-budget` in bytes with where it came from, else the process's room (`None` when
+/// that cannot be read).
+pub fn resolve_budget(budget_gb: Option<f64>) -> Result<Option<(u64, &'static str)>> {
+    match budget_gb {
+        Some(gb) if gb.is_finite() && gb > 0.0 => Ok(Some(((gb * 1e9) as u64, "--memory-budget"))),
+        Some(gb) => bail!("--memory-budget must be a positive number of GB, got {gb}"),
+        None => Ok(memory::default_memory_budget()
+            .map(|b| (b.bytes, "process (cgroup room and MemAvailable)"))),
+    }
+}
+
+/// The fit of `model` (with the server's runtime flags) in `room` bytes of a budget from
+/// `source`, without refusing: the server's model pool decides what a short room means.
+pub fn admission_in(
+    model: &str,
+    rt: &crate::cli::RuntimeArgs,
+    room: u64,
+    source: &'static str,
+) -> Result<kiln_server::MemoryAdmission> {
+    let threads = rt.threads.unwrap_or_else(crate::common::available_threads);
+    let c = compute(model, rt.ctx, &rt.kv, Some((room, source)), threads)?
+        .context("the memory model gave no fit")?;
+    Ok(kiln_server::MemoryAdmission {
+        budget_source: source.to_string(),
+        fit: c.report,
+    })
+}
+
 /// The server's memory admission (spec §6.7): with `--memory-budget`, a model that cannot
 /// serve one token is refused here, before loading, with the numbers; the safe context bounds
 /// every request.
@@ -108,7 +131,7 @@ pub fn admission(
     budget_gb: Option<f64>,
 ) -> Result<Option<kiln_server::MemoryAdmission>> {
     let threads = rt.threads.unwrap_or_else(crate::common::available_threads);
-    let Some(c) = compute(model, rt.ctx, &rt.kv, budget_gb, threads)? else {
+    let Some(c) = compute(model, rt.ctx, &rt.kv, resolve_budget(budget_gb)?, threads)? else {
         tracing::warn!("cannot read this machine's available memory: memory admission is off");
         return Ok(None);
     };
@@ -140,7 +163,8 @@ pub fn run(args: FitArgs) -> Result<()> {
     if threads == 0 {
         bail!("--threads must be at least 1");
     }
-    let Some(c) = compute(&args.model, args.ctx, &args.kv, args.memory_budget, threads)? else {
+    let budget = resolve_budget(args.memory_budget)?;
+    let Some(c) = compute(&args.model, args.ctx, &args.kv, budget, threads)? else {
         bail!("cannot read this machine's available memory; pass --memory-budget GB");
     };
     let (path, scheme, report, budget_source, default_budget) = (

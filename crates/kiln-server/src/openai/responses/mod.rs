@@ -7,6 +7,8 @@ mod render;
 pub mod store;
 mod stream;
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -26,6 +28,7 @@ use crate::errors::{ApiError, Flavor};
 use crate::generation::{blocking, collect, plan_max_tokens, sse_response, submit};
 use crate::prompt::validate_tools;
 use crate::sampling::SamplingFields;
+use crate::models::ServedModel;
 use crate::state::{SharedState, unix_now};
 use crate::structured::{openai_tool_choice, text_format};
 use crate::turn::{TurnBuilder, TurnShape};
@@ -33,9 +36,12 @@ use crate::turn::{TurnBuilder, TurnShape};
 /// The request body (unknown fields are ignored).
 #[derive(Debug, Deserialize)]
 pub struct ResponsesRequest {
-    /// The model: a mounted adapter's id runs that adapter (vLLM's convention) when `adapter`
-    /// is absent; any other name serves the loaded model.
+    /// The model: a loaded or available model's name (loaded on demand), or a mounted
+    /// adapter's id, which runs that adapter on its model (vLLM's convention) when `adapter` is
+    /// absent; absent: the default model.
     pub model: Option<Value>,
+    /// How long the model stays loaded once idle (Ollama's `keep_alive`).
+    pub keep_alive: Option<Value>,
     /// A string or a list of input items.
     pub input: Option<Value>,
     /// The system prompt; carried forward from the previous response when omitted.
@@ -164,7 +170,11 @@ fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, ApiError> {
+fn plan(
+    state: &SharedState,
+    model: &Arc<ServedModel>,
+    req: &ResponsesRequest,
+) -> Result<ResponsesPlan, ApiError> {
     refuse_unsupported(req)?;
     let input = req
         .input
@@ -192,7 +202,7 @@ fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, Ap
         (None, one) => one,
     };
     let turn = plan_chat(
-        &state.info,
+        &model.info,
         ChatInput {
             messages: &messages,
             tools: validate_tools(&Value::Array(input::tools(req.tools.as_ref())?))?,
@@ -205,12 +215,13 @@ fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, Ap
     )?;
     let max_tokens = plan_max_tokens(
         state,
+        model,
         turn.prompt.len(),
         req.max_output_tokens,
         DEFAULT_CHAT_MAX_TOKENS,
         "max_output_tokens",
     )?;
-    let sampling = req.sampling.resolve(state, false, 0, true)?;
+    let sampling = req.sampling.resolve(state, &model.info, false, 0, true)?;
     let ctx = ResponseContext {
         id: state.new_id("resp_"),
         created_at: unix_now(),
@@ -220,6 +231,7 @@ fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, Ap
         conversation,
         instructions,
         store: req.store.unwrap_or(true),
+        model: model.clone(),
     };
     let request = GenerateRequest {
         prompt: turn.prompt,
@@ -227,7 +239,7 @@ fn plan(state: &SharedState, req: &ResponsesRequest) -> Result<ResponsesPlan, Ap
         sampling,
         stop: Vec::new(),
         ignore_eos: false,
-        adapters: crate::adapters::resolve_for(state, req.adapter.as_ref(), req.model.as_ref())?,
+        adapters: crate::adapters::resolve_for(model, req.adapter.as_ref(), req.model.as_ref())?,
         grammar: turn.grammar,
     };
     Ok(ResponsesPlan {
@@ -275,13 +287,16 @@ pub async fn handler(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: ResponsesRequest = parse_request(body, Flavor::OpenAi)?;
-    let st = state.clone();
+    let lease =
+        crate::models::acquire(&state.models, req.model.as_ref(), req.keep_alive.as_ref()).await?;
+    let model = lease.model().clone();
+    let (st, m) = (state.clone(), model.clone());
     let (req, plan) = blocking(Flavor::OpenAi, move || {
-        let p = plan(&st, &req)?;
+        let p = plan(&st, &m, &req)?;
         Ok((req, p))
     })
     .await?;
-    let rx = submit(&state, plan.request, Flavor::OpenAi)?;
+    let rx = submit(&model, plan.request, Flavor::OpenAi)?;
     if req.stream.unwrap_or(false) {
         let framer = ResponsesFramer::new(state.clone(), plan.ctx, plan.shape);
         return Ok(sse_response(rx, framer));
@@ -290,8 +305,8 @@ pub async fn handler(
     let turn = TurnBuilder::whole(plan.shape, &out.text, || state.new_id("call_"));
     render::remember(&state, &plan.ctx, &turn);
     let items = render::output_items(&state, &turn, render::item_status(&out));
-    let reasoning = render::reasoning_tokens(&state, &turn);
-    let body = render::response_object(&state, &plan.ctx, items, Some(&out), reasoning);
+    let reasoning = render::reasoning_tokens(&plan.ctx, &turn);
+    let body = render::response_object(&plan.ctx, items, Some(&out), reasoning);
     Ok(axum::Json(body).into_response())
 }
 

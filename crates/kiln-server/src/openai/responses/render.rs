@@ -23,6 +23,8 @@ pub struct ResponseContext {
     pub instructions: Option<String>,
     /// Whether to store the result (`store`, default true).
     pub store: bool,
+    /// The model answering.
+    pub model: std::sync::Arc<crate::models::ServedModel>,
 }
 
 /// The request fields a response object repeats (defaults filled in).
@@ -120,7 +122,6 @@ struct ReasoningTokens {
 
 /// The response object around `output`.
 pub fn response_object<'a>(
-    state: &'a SharedState,
     ctx: &'a ResponseContext,
     output: Vec<OutputItem>,
     out: Option<&GenerateOutput>,
@@ -143,7 +144,7 @@ pub fn response_object<'a>(
         status,
         error: None,
         incomplete_details,
-        model: &state.info.id,
+        model: &ctx.model.info.id,
         output,
         reasoning: None,
         truncation: "disabled",
@@ -301,11 +302,11 @@ pub fn output_items(state: &SharedState, turn: &Turn, status: &'static str) -> V
 }
 
 /// Tokens of the reasoning text (the engine does not tag tokens by channel).
-pub fn reasoning_tokens(state: &SharedState, turn: &Turn) -> usize {
+pub fn reasoning_tokens(ctx: &ResponseContext, turn: &Turn) -> usize {
     if turn.reasoning.is_empty() {
         return 0;
     }
-    state
+    ctx.model
         .info
         .tokenizer
         .encode(&turn.reasoning, false)

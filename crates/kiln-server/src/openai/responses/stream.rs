@@ -384,7 +384,7 @@ impl ResponsesFramer {
 
 impl Framer for ResponsesFramer {
     fn start(&mut self) -> String {
-        let r = response_object(&self.state, &self.ctx, Vec::new(), None, 0);
+        let r = response_object(&self.ctx, Vec::new(), None, 0);
         let mut f = Self::frame(&mut self.seq, &Event::Created { response: &r });
         f.push_str(&Self::frame(
             &mut self.seq,
@@ -417,8 +417,8 @@ impl Framer for ResponsesFramer {
         f.push_str(&self.calls(&turn));
         remember(&self.state, &self.ctx, &turn);
         let items = std::mem::take(&mut self.done_items);
-        let reasoning = reasoning_tokens(&self.state, &turn);
-        let r = response_object(&self.state, &self.ctx, items, Some(out), reasoning);
+        let reasoning = reasoning_tokens(&self.ctx, &turn);
+        let r = response_object(&self.ctx, items, Some(out), reasoning);
         let end = if r.status == "incomplete" {
             Event::Incomplete { response: &r }
         } else {
@@ -429,7 +429,7 @@ impl Framer for ResponsesFramer {
     }
 
     fn failed(&mut self, message: &str) -> String {
-        let r = response_object(&self.state, &self.ctx, Vec::new(), None, 0).failed(message);
+        let r = response_object(&self.ctx, Vec::new(), None, 0).failed(message);
         Self::frame(&mut self.seq, &Event::Failed { response: &r })
     }
 }

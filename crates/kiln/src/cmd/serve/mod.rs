@@ -7,12 +7,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::{Args, FromArgMatches};
 use kiln_jobs::{HostConfig, JobHost, JobPaths, JobPolicy};
-use kiln_model::backend::Backend;
-use kiln_model::backend::cpu::{CpuBackend, CpuOptions};
-use kiln_server::{Extensions, Gateway, ModelInfo, ServerConfig, StartGate};
+use kiln_server::models::{Candidate, KeepAlive, Loader, PoolSettings};
+use kiln_server::{Extensions, Models, ServerConfig, StartGate};
 
 use crate::cli::RuntimeArgs;
-use crate::common::{load_engine_with, set_threads};
+use crate::common::set_threads;
+
+mod loader;
+use loader::ServeLoader;
 
 /// `kiln serve`.
 #[derive(Debug, Args)]
@@ -92,6 +94,20 @@ pub struct ServeArgs {
     /// `<cache>/adapters`, where fine-tune jobs write theirs.
     #[arg(long, value_name = "DIR")]
     pub adapters_dir: Option<std::path::PathBuf>,
+    /// Most models loaded at once: a request for another model unloads the least recently used
+    /// idle one first. Requests name models by their `model` field (`GET /v1/models`).
+    #[arg(long, default_value_t = 3)]
+    pub models_max: usize,
+    /// How long a model loaded by a request stays loaded once idle (`5m`, `1h`, `30s`, seconds;
+    /// 0 unloads after each request, negative keeps it). A request's `keep_alive` overrides it.
+    /// The model named here stays loaded unless evicted for room or a request sets its
+    /// keep_alive.
+    #[arg(long, default_value = "5m", value_parser = parse_keep_alive)]
+    pub keep_alive: KeepAlive,
+    /// Seconds a request for a model waits for busy models to free the room or seat it needs
+    /// before it gets a 503.
+    #[arg(long, default_value_t = 120.0)]
+    pub model_wait: f64,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 }
@@ -130,67 +146,23 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_tokens == Some(0) {
         bail!("--max-tokens must be at least 1");
     }
+    if args.models_max == 0 {
+        bail!("--models-max must be at least 1");
+    }
+    if !(args.model_wait >= 0.0 && args.model_wait <= 86_400.0) {
+        bail!("--model-wait must be a number of seconds in [0, 86400]");
+    }
     let started = Instant::now();
     set_threads(args.runtime.threads)?;
-    // Admission is decided from file headers, before any weight is read.
-    let memory = crate::cmd::fit::admission(&args.model, &args.runtime, args.memory_budget)?;
-    let threads = args
-        .runtime
-        .threads
-        .unwrap_or_else(crate::common::available_threads);
-    let mut cache_cap = args.prompt_cache_bytes;
-    // What the memory model bills for the backend the engine will run on.
-    let figures = CpuBackend::new(CpuOptions {
-        dense: args.runtime.dense,
-    });
-    let mut engine = load_engine_with(&args.model, &args.runtime, |o, cfg| {
-        o.batch_tokens = args.batch_tokens;
-        // A prompt chunk larger than a step's budget would make every prefill step overrun it.
-        o.prefill_chunk = o.prefill_chunk.min(args.batch_tokens);
-        let shape = o.clone();
-        let room_for = |n: usize| {
-            memory
-                .as_ref()
-                .map(|m| kv_room(&figures, &m.fit, cfg, &shape, args.batch_tokens, n, threads))
-        };
-        o.slots = parallel(&figures, args.parallel, &room_for, cfg, &shape);
-        o.kv_budget_bytes = room_for(o.slots);
-        // The prompt cache lives inside the same room.
-        cache_cap = cache_cap.min(o.kv_budget_bytes.unwrap_or(u64::MAX));
-        Ok(())
-    })?;
-    engine.set_prompt_cache_bytes(usize::try_from(cache_cap).unwrap_or(usize::MAX));
-    let lane = engine.lane().clone();
-    eprintln!(
-        "kiln: {} sequences at once, {} tokens per step{}",
-        engine.scheduler_stats().max_sequences,
-        args.batch_tokens,
-        lane.solo_reason
-            .map(|r| format!(" (one at a time: {r})"))
-            .unwrap_or_default()
-    );
-    let path = engine.model().path.clone();
-    let id = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| args.model.clone());
-    let mut info = ModelInfo::from_engine(&engine, id);
-    if let Some(m) = &memory {
-        eprintln!(
-            "kiln: memory budget {:.2} GB ({}): max safe context {} tokens",
-            m.fit.budget_bytes as f64 / 1e9,
-            m.budget_source,
-            m.fit.max_safe_context
-        );
+    // Admission is decided from file headers, before any weight is read: a model that cannot
+    // serve one token in --memory-budget stops the server here, with the numbers.
+    crate::cmd::fit::admission(&args.model, &args.runtime, args.memory_budget)?;
+    let budget = crate::cmd::fit::resolve_budget(args.memory_budget)?;
+    if budget.is_none() {
+        tracing::warn!("cannot read this machine's available memory: memory admission is off");
     }
-    info.memory = memory;
-    eprintln!(
-        "kiln: loaded {} in {:.2}s (weights {:.2}s), context {} tokens",
-        path.display(),
-        started.elapsed().as_secs_f64(),
-        info.load_secs,
-        info.context_len
-    );
+    let path = crate::common::resolve(&args.model)?;
+    let id = loader::model_id(&path, &args.model);
     let config = ServerConfig {
         api_key: args
             .api_key
@@ -205,19 +177,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         cors_origin: args.cors_origin.clone(),
         body_limit: kiln_server::DEFAULT_BODY_LIMIT,
         limits,
-        adapters: None,
         adapter_dirs: vec![
             args.adapters_dir
                 .clone()
                 .unwrap_or_else(|| kiln_hub::cache_dir().join("adapters")),
         ],
     };
-    let registry = mount_adapters(&args, &engine.model().config)?;
-    let config = ServerConfig {
-        adapters: Some(registry),
-        ..config
-    };
-    let reuse_prefix = args.prompt_cache_bytes > 0;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -233,14 +198,45 @@ pub fn run(args: ServeArgs) -> Result<()> {
         cfg.policy = args.job_policy;
         JobHost::open(cfg).context("opening the job store")?
     };
-    let admission: Arc<dyn StartGate> = Arc::new(JobGate { jobs: jobs.clone() });
-    let gateway = Arc::new(Gateway::start_with(
-        engine,
-        args.queue,
-        Some(admission),
-        reuse_prefix,
-    ));
-    let served = served_entry(&path, &info.id);
+    let gate: Arc<dyn StartGate> = Arc::new(JobGate { jobs: jobs.clone() });
+    let startup = Candidate {
+        id: id.clone(),
+        path: path.clone(),
+    };
+    let serve_loader = ServeLoader {
+        runtime: args.runtime.clone(),
+        batch_tokens: args.batch_tokens,
+        parallel: args.parallel,
+        queue: args.queue,
+        prompt_cache_bytes: args.prompt_cache_bytes,
+        budget,
+        shared: args.models_max > 1,
+        gate,
+        startup: startup.clone(),
+        startup_spec: args.model.clone(),
+        adapters: args.adapters.clone(),
+        default_adapter: args.default_adapter.clone(),
+    };
+    let model = serve_loader
+        .load(&startup, budget.map(|(b, _)| b))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    eprintln!(
+        "kiln: loaded {} in {:.2}s (weights {:.2}s), context {} tokens",
+        path.display(),
+        started.elapsed().as_secs_f64(),
+        model.info.load_secs,
+        model.info.context_len
+    );
+    let settings = PoolSettings {
+        budget_bytes: budget.map(|(b, _)| b),
+        models_max: args.models_max,
+        keep_alive: args.keep_alive,
+        room_wait: Duration::from_secs_f64(args.model_wait),
+    };
+    let models = Arc::new(Models::new(Arc::new(serve_loader), settings, id.clone()));
+    let aliases = (args.model != id).then(|| args.model.clone());
+    models.insert(model, path.clone(), aliases.into_iter().collect(), KeepAlive::Forever);
+    let served = served_entry(&path, &id);
     let extensions = job_extensions(&jobs, served);
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
@@ -265,12 +261,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
             kiln_server::shutdown_signal().await;
             jobs.close().await;
         };
-        kiln_server::serve_with(listener, info, gateway, config, extensions, shutdown)
+        kiln_server::serve_with(listener, models, config, extensions, shutdown)
             .await
             .context("serving")?;
         eprintln!("kiln: stopped");
         Ok(())
     })
+}
+
+/// `--keep-alive`'s value.
+fn parse_keep_alive(v: &str) -> std::result::Result<KeepAlive, String> {
+    KeepAlive::parse(v).map_err(|e| e.to_string().replacen("keep_alive", "--keep-alive", 1))
 }
 
 /// `--adapter`'s value: `NAME=PATH`, or a bare `PATH` named by its last component.
@@ -293,44 +294,6 @@ fn parse_adapter_arg(v: &str) -> std::result::Result<(String, std::path::PathBuf
     Ok((name, kiln_engine::adapters::expand_path(path)))
 }
 
-/// The adapter registry of the served model with every `--adapter` mounted (a failure names
-/// the flag) and the default of `--default-adapter` (else the first `--adapter`).
-fn mount_adapters(
-    args: &ServeArgs,
-    cfg: &kiln_model::config::ModelConfig,
-) -> Result<Arc<kiln_engine::AdapterRegistry>> {
-    let registry = Arc::new(kiln_engine::AdapterRegistry::new(cfg.clone()));
-    for (i, (id, path)) in args.adapters.iter().enumerate() {
-        if args.adapters[..i].iter().any(|(other, _)| other == id) {
-            bail!("--adapter {id}: the name is given twice");
-        }
-        let a = registry
-            .mount(id, path)
-            .map_err(|e| anyhow::anyhow!("--adapter {id}={}: {e}", path.display()))?;
-        eprintln!(
-            "kiln: adapter {id} mounted from {} ({} modules, rank {}, {:.1} MB)",
-            path.display(),
-            a.mounted_layers(),
-            a.info().rank,
-            a.size_bytes() as f64 / 1e6
-        );
-    }
-    let default = match (&args.default_adapter, args.adapters.first()) {
-        (Some(spec), _) => Some(spec.clone()),
-        (None, Some((id, _))) => Some(id.clone()),
-        (None, None) => None,
-    };
-    if let Some(spec) = default {
-        registry
-            .set_default(&spec)
-            .map_err(|e| anyhow::anyhow!("--default-adapter {spec}: {e}"))?;
-        if spec != kiln_model::lora::NO_ADAPTER {
-            eprintln!("kiln: requests without `adapter` run with {spec}");
-        }
-    }
-    Ok(registry)
-}
-
 /// `--batch-tokens`' default: prefill runs as fast per token in forwards of 64 to 512 tokens,
 /// and smaller steps let running sequences decode sooner; 256 had the best TTFT p90 at 8 and 32
 /// clients (docs/benchmarks.md, "Continuous batching").
@@ -338,61 +301,6 @@ const DEFAULT_BATCH_TOKENS: usize = 256;
 
 /// The most `--parallel` accepts: each slot reserves (not commits) a full context of KV.
 const MAX_PARALLEL: usize = 1024;
-
-/// The `--parallel` default's cap: beyond it a step's decode rows cost more than they share.
-const DEFAULT_PARALLEL_CAP: usize = 32;
-
-/// Bytes the memory budget leaves for KV (every slot plus the prompt cache): the budget less
-/// weights, runtime and the transient of the largest step at full context — `batch_tokens`
-/// of prompt chunks plus one decode row for each of `sequences`, each with its logits row (and
-/// the host copy) and its split-attention partials (per KV head, one part per 256 positions:
-/// the group's unnormalised heads plus their maxima and sums).
-#[allow(clippy::too_many_arguments)]
-fn kv_room(
-    backend: &CpuBackend,
-    fit: &kiln_engine::kv_scheme::memory::FitReport,
-    cfg: &kiln_model::config::ModelConfig,
-    o: &kiln_engine::EngineOptions,
-    batch_tokens: usize,
-    sequences: usize,
-    threads: usize,
-) -> u64 {
-    let step_tokens = batch_tokens.max(o.prefill_chunk) + sequences;
-    let activations = backend.forward_transient_bytes(cfg, step_tokens, o.context_len, threads);
-    let n = sequences as u64;
-    let logits = n * 2 * 4 * cfg.vocab_size as u64;
-    let group = (cfg.num_heads / cfg.num_kv_heads.max(1)) as u64;
-    let parts = cfg.num_kv_heads as u64 * o.context_len.div_ceil(256) as u64;
-    let partials = n * parts * (group * cfg.head_dim as u64 + 2 * group) * 4;
-    fit.budget_bytes.saturating_sub(
-        fit.weights_bytes + fit.runtime_overhead_bytes + activations + logits + partials,
-    )
-}
-
-/// `--parallel`, or the most sequences (at most [`DEFAULT_PARALLEL_CAP`], at least 1) whose
-/// full contexts fit the room the budget leaves with that many sequences' step transients
-/// (`room_for(n)`; `None`: no budget).
-fn parallel(
-    backend: &CpuBackend,
-    asked: Option<usize>,
-    room_for: &dyn Fn(usize) -> Option<u64>,
-    cfg: &kiln_model::config::ModelConfig,
-    o: &kiln_engine::EngineOptions,
-) -> usize {
-    if let Some(n) = asked {
-        return n;
-    }
-    let geo = kiln_engine::kv_scheme::memory::KvGeometry::new(
-        cfg,
-        &o.kv_scheme,
-        backend.memory_profile().caps_sliding,
-    );
-    let per_sequence = geo.peak_bytes_at(o.context_len, o.prefill_chunk).max(1);
-    (1..=DEFAULT_PARALLEL_CAP)
-        .rev()
-        .find(|&n| room_for(n).is_none_or(|room| room >= n as u64 * per_sequence))
-        .unwrap_or(1)
-}
 
 /// `--job-policy exclusive`: no new generation starts while a heavy job holds or waits for
 /// the execution lease; running ones finish, then the job runs.
