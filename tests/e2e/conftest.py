@@ -21,8 +21,9 @@ MODEL = os.environ.get("KILN_E2E_MODEL", "smollm2")
 
 
 class Server:
-    def __init__(self, *extra, env=None):
+    def __init__(self, *extra, env=None, model=None):
         self.env = env
+        self.model = model or MODEL
         try:
             self._start(extra)
         except BaseException:
@@ -34,7 +35,7 @@ class Server:
         # stderr goes to a file: an unread pipe could fill up and stall the server.
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
-            [KILN, "serve", MODEL, "--port", "0", *extra],
+            [KILN, "serve", self.model, "--port", "0", *extra],
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,

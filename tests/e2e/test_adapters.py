@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from conftest import KILN, Server
+from conftest import MODEL, KILN, Server
 from lora_files import write_adapter
 
 MSGS = [{"role": "user", "content": "Name three kitchen tools."}]
@@ -47,7 +47,7 @@ def chat(oai, adapter=None, max_tokens=20, **kw):
     extra = {"ignore_eos": True}
     if adapter is not None:
         extra["adapter"] = adapter
-    r = oai.chat.completions.create(model="x", messages=MSGS, temperature=0, max_tokens=max_tokens,
+    r = oai.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=max_tokens,
                                     extra_body=extra, **kw)
     return r.choices[0].message.content
 
@@ -59,13 +59,13 @@ def test_an_adapter_changes_the_greedy_answer_and_none_is_the_base(served):
     assert chat(oai) == with_a, "--adapter's first entry is the default"
     assert chat(oai, "a") == with_a and chat(oai, "none") == base, "greedy and cache-safe"
 
-    comp = lambda a: oai.completions.create(model="x", prompt="The sky is", temperature=0, max_tokens=12,
+    comp = lambda a: oai.completions.create(model=MODEL, prompt="The sky is", temperature=0, max_tokens=12,
                                             extra_body={"adapter": a}).choices[0].text
     assert comp("a") != comp("none")
 
     anth = anthropic.Anthropic(base_url=served.url, api_key="unused", max_retries=0)
     # (this SDK version takes no temperature argument; the server reads the body's)
-    msg = lambda a: anth.messages.create(model="x", max_tokens=12, messages=MSGS,
+    msg = lambda a: anth.messages.create(model=MODEL, max_tokens=12, messages=MSGS,
                                          extra_body={"adapter": a, "temperature": 0}).content[0].text
     assert msg("a") != msg("none")
 
@@ -80,7 +80,7 @@ def test_an_unknown_adapter_is_a_400_naming_it(served):
     assert "adapter nope not mounted" in str(e.value)
     anth = anthropic.Anthropic(base_url=served.url, api_key="unused", max_retries=0)
     with pytest.raises(anthropic.BadRequestError) as e:
-        anth.messages.create(model="x", max_tokens=4, messages=MSGS, extra_body={"adapter": "nope"})
+        anth.messages.create(model=MODEL, max_tokens=4, messages=MSGS, extra_body={"adapter": "nope"})
     assert "adapter nope not mounted" in str(e.value)
 
 
@@ -138,7 +138,7 @@ def test_mount_and_unmount_under_load_lose_no_request(served, folders):
     def run(i, adapter):
         try:
             stream = oai.chat.completions.create(
-                model="x", messages=MSGS, temperature=0, max_tokens=24, stream=True,
+                model=MODEL, messages=MSGS, temperature=0, max_tokens=24, stream=True,
                 extra_body={"adapter": adapter, "ignore_eos": True})
             text, first = "", True
             for chunk in stream:

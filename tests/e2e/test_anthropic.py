@@ -3,24 +3,24 @@
 import anthropic
 import pytest
 
-from conftest import httpx
+from conftest import MODEL, httpx
 
 MSGS = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def test_messages_non_stream(anth):
-    m = anth.messages.create(model="x", max_tokens=20, messages=MSGS, extra_body={"temperature": 0}, system="Answer briefly.")
+    m = anth.messages.create(model=MODEL, max_tokens=20, messages=MSGS, extra_body={"temperature": 0}, system="Answer briefly.")
     assert m.type == "message" and m.role == "assistant"
     assert m.content[0].type == "text" and m.content[0].text
     assert m.stop_reason in ("end_turn", "max_tokens")
     assert m.usage.output_tokens <= 20
-    n = anth.messages.count_tokens(model="x", messages=MSGS, system="Answer briefly.").input_tokens
+    n = anth.messages.count_tokens(model=MODEL, messages=MSGS, system="Answer briefly.").input_tokens
     assert m.usage.input_tokens == n
 
 
 def test_messages_stream_event_sequence(anth):
-    ref = anth.messages.create(model="x", max_tokens=20, messages=MSGS, extra_body={"temperature": 0})
-    events = list(anth.messages.create(model="x", max_tokens=20, messages=MSGS, extra_body={"temperature": 0}, stream=True))
+    ref = anth.messages.create(model=MODEL, max_tokens=20, messages=MSGS, extra_body={"temperature": 0})
+    events = list(anth.messages.create(model=MODEL, max_tokens=20, messages=MSGS, extra_body={"temperature": 0}, stream=True))
     kinds = [e.type for e in events]
     assert kinds[0] == "message_start"
     assert kinds[1] == "content_block_start"
@@ -34,9 +34,9 @@ def test_messages_stream_event_sequence(anth):
 
 
 def test_stop_sequences(anth):
-    ref = anth.messages.create(model="x", max_tokens=30, messages=MSGS, extra_body={"temperature": 0}).content[0].text
+    ref = anth.messages.create(model=MODEL, max_tokens=30, messages=MSGS, extra_body={"temperature": 0}).content[0].text
     word = ref.split()[min(2, len(ref.split()) - 1)]
-    m = anth.messages.create(model="x", max_tokens=30, messages=MSGS, extra_body={"temperature": 0}, stop_sequences=[word])
+    m = anth.messages.create(model=MODEL, max_tokens=30, messages=MSGS, extra_body={"temperature": 0}, stop_sequences=[word])
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == word
     assert word not in m.content[0].text
 
@@ -47,18 +47,18 @@ def test_tool_result_round_trip(anth):
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]},
     ]
-    m = anth.messages.create(model="x", max_tokens=16, messages=msgs, tools=tools, extra_body={"temperature": 0})
+    m = anth.messages.create(model=MODEL, max_tokens=16, messages=msgs, tools=tools, extra_body={"temperature": 0})
     assert m.stop_reason in ("end_turn", "max_tokens", "tool_use")
 
 
 def test_typed_errors(anth, keyed_server):
     with pytest.raises(anthropic.BadRequestError):
-        anth.messages.create(model="x", max_tokens=5, messages=[])
+        anth.messages.create(model=MODEL, max_tokens=5, messages=[])
     bad = anthropic.Anthropic(base_url=keyed_server.url, api_key="wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):
-        bad.messages.create(model="x", max_tokens=5, messages=MSGS)
+        bad.messages.create(model=MODEL, max_tokens=5, messages=MSGS)
     good = anthropic.Anthropic(base_url=keyed_server.url, api_key="sekrit", max_retries=0)
-    assert good.messages.create(model="x", max_tokens=3, messages=MSGS).content
+    assert good.messages.create(model=MODEL, max_tokens=3, messages=MSGS).content
 
 
 def test_models_list_reads_in_the_anthropic_sdk(anth):
@@ -68,7 +68,7 @@ def test_models_list_reads_in_the_anthropic_sdk(anth):
 
 
 def test_max_tokens_is_required_as_in_the_api(anth, server):
-    r = httpx.post(server.url + "/v1/messages", json={"model": "x", "messages": MSGS}, timeout=30)
+    r = httpx.post(server.url + "/v1/messages", json={"model": MODEL, "messages": MSGS}, timeout=30)
     assert r.status_code == 400
     assert r.json() == {"type": "error",
                         "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"}}
@@ -76,7 +76,7 @@ def test_max_tokens_is_required_as_in_the_api(anth, server):
 
 def test_oversized_body_is_a_413_the_sdk_reads(anth):
     with pytest.raises(anthropic.APIStatusError) as e:
-        anth.messages.create(model="x", max_tokens=5,
+        anth.messages.create(model=MODEL, max_tokens=5,
                              messages=[{"role": "user", "content": "a" * (12 * 1024 * 1024)}])
     assert e.value.status_code == 413
     assert e.value.response.json()["error"]["type"] == "request_too_large"

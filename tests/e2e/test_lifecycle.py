@@ -9,7 +9,7 @@ try:  # openai>=3 ships its HTTP client as httpx2
 except ImportError:  # pragma: no cover
     import httpx
 
-from conftest import Server
+from conftest import MODEL, Server
 
 
 def test_sigterm_drains_in_flight_stream():
@@ -33,7 +33,7 @@ def test_sigterm_drains_in_flight_stream():
 
 
 def test_seed_reproduces_sampled_output(oai):
-    kw = dict(model="x", messages=[{"role": "user", "content": "Invent a word."}], temperature=1.0,
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Invent a word."}], temperature=1.0,
               max_tokens=12, seed=1234)
     a = oai.chat.completions.create(**kw).choices[0].message.content
     b = oai.chat.completions.create(**kw).choices[0].message.content

@@ -48,7 +48,7 @@ def test_over_budget_request_gets_400_before_any_prefill(budget_server):
     oai = openai.OpenAI(base_url=budget_server.url + "/v1", api_key="x", max_retries=0)
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(
-            model="m",
+            model=MODEL,
             messages=[{"role": "user", "content": "Hi"}],
             max_tokens=safe,
         )
@@ -60,7 +60,7 @@ def test_over_budget_request_gets_400_before_any_prefill(budget_server):
     anth = anthropic.Anthropic(base_url=budget_server.url, api_key="x", max_retries=0)
     with pytest.raises(anthropic.BadRequestError) as e:
         anth.messages.create(
-            model="m", max_tokens=safe, messages=[{"role": "user", "content": "Hi"}]
+            model=MODEL, max_tokens=safe, messages=[{"role": "user", "content": "Hi"}]
         )
     assert "safe context" in str(e.value)
     after = httpx.get(budget_server.url + "/stats").json()
@@ -68,7 +68,7 @@ def test_over_budget_request_gets_400_before_any_prefill(budget_server):
     assert after["requests"]["finished"] == stats["requests"]["finished"]
     # Within the budget the same server answers, and a default max_tokens shrinks to fit.
     ok = oai.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=8
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8
     )
     assert ok.usage.completion_tokens <= 8
 
@@ -76,7 +76,7 @@ def test_over_budget_request_gets_400_before_any_prefill(budget_server):
 def test_stats_show_the_scheme_per_layer_and_conversions(budget_server):
     oai = openai.OpenAI(base_url=budget_server.url + "/v1", api_key="x", max_retries=0)
     oai.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Count to five."}], max_tokens=8
+        model=MODEL, messages=[{"role": "user", "content": "Count to five."}], max_tokens=8
     )
     kv = httpx.get(budget_server.url + "/stats").json()["kv"]
     assert kv["scheme"] == "kv4"

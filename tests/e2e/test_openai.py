@@ -19,10 +19,10 @@ MSGS = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def test_chat_non_stream_and_stream_agree(oai, server):
-    r = oai.chat.completions.create(model="anything", messages=MSGS, temperature=0, max_tokens=20)
+    r = oai.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=20)
     c = r.choices[0]
     assert r.object == "chat.completion"
-    assert r.model != "anything"  # the served id is echoed
+    assert r.model == "SmolLM2-135M-Instruct.Q4_1" or MODEL != "smollm2"  # the served id, not the alias
     assert c.finish_reason in ("stop", "length")
     assert c.message.role == "assistant" and c.message.content
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
@@ -30,7 +30,7 @@ def test_chat_non_stream_and_stream_agree(oai, server):
 
     chunks = list(
         oai.chat.completions.create(
-            model="x", messages=MSGS, temperature=0, max_tokens=20, stream=True,
+            model=MODEL, messages=MSGS, temperature=0, max_tokens=20, stream=True,
             stream_options={"include_usage": True},
         )
     )
@@ -47,16 +47,16 @@ def test_chat_non_stream_and_stream_agree(oai, server):
 
 
 def test_completions(oai):
-    r = oai.completions.create(model="x", prompt="The sky is", temperature=0, max_tokens=12)
+    r = oai.completions.create(model=MODEL, prompt="The sky is", temperature=0, max_tokens=12)
     assert r.object == "text_completion"
     assert r.choices[0].text
-    chunks = list(oai.completions.create(model="x", prompt="The sky is", temperature=0, max_tokens=12, stream=True))
+    chunks = list(oai.completions.create(model=MODEL, prompt="The sky is", temperature=0, max_tokens=12, stream=True))
     assert "".join(ch.choices[0].text for ch in chunks) == r.choices[0].text
     assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
     # Streamed legacy logprobs go out with their tokens' text: chunks carry them, and joined
     # they cover every token, in order, with text_offset running through the whole text.
-    chunks = list(oai.completions.create(model="x", prompt="The sky is", temperature=0, max_tokens=12,
+    chunks = list(oai.completions.create(model=MODEL, prompt="The sky is", temperature=0, max_tokens=12,
                                          stream=True, logprobs=2))
     carried = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs and c.choices[0].logprobs.tokens]
     assert len(carried) > 1, "logprobs arrived all at once"
@@ -68,7 +68,7 @@ def test_completions(oai):
 
 def test_logprobs_and_exact_usage(oai, anth):
     r = oai.chat.completions.create(
-        model="x", messages=MSGS, temperature=0, max_tokens=10, logprobs=True, top_logprobs=3
+        model=MODEL, messages=MSGS, temperature=0, max_tokens=10, logprobs=True, top_logprobs=3
     )
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens
@@ -82,14 +82,14 @@ def test_logprobs_and_exact_usage(oai, anth):
     # Streamed: the logprobs arrive with their tokens' content (not all at the end) and agree
     # with the non-streamed ones.
     chunks = list(oai.chat.completions.create(
-        model="x", messages=MSGS, temperature=0, max_tokens=10, logprobs=True, top_logprobs=3, stream=True))
+        model=MODEL, messages=MSGS, temperature=0, max_tokens=10, logprobs=True, top_logprobs=3, stream=True))
     with_lp = [ch for ch in chunks if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content]
     assert len(with_lp) > 1, "logprobs arrived all at once"
     assert all(ch.choices[0].delta.content for ch in with_lp[:-1])
     streamed = [t for ch in with_lp for t in ch.choices[0].logprobs.content]
     assert [t.token for t in streamed] == [t.token for t in content]
     # The prompt count agrees with Anthropic's count_tokens for the same conversation.
-    n = anth.messages.count_tokens(model="x", messages=MSGS).input_tokens
+    n = anth.messages.count_tokens(model=MODEL, messages=MSGS).input_tokens
     assert r.usage.prompt_tokens == n
 
 
@@ -100,7 +100,7 @@ def test_greedy_matches_kiln_generate(oai):
         capture_output=True, text=True, check=True,
     )
     direct = json.loads(out.stdout)
-    r = oai.completions.create(model="x", prompt=prompt, temperature=0, max_tokens=24, logprobs=0)
+    r = oai.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=24, logprobs=0)
     assert r.choices[0].text == direct["text"]
     assert r.usage.completion_tokens == len(direct["tokens"])
 
@@ -109,21 +109,21 @@ def test_greedy_matches_kiln_generate(oai):
         capture_output=True, text=True, check=True,
     )
     direct = json.loads(out.stdout)
-    r = oai.chat.completions.create(model="x", messages=MSGS, temperature=0, max_tokens=24)
+    r = oai.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=24)
     assert r.choices[0].message.content == direct["text"]
     assert r.usage.completion_tokens == len(direct["tokens"])
 
 
 def test_stop_string_spanning_tokens_never_leaks(oai):
     prompt = "Here is a list of fruits:"
-    r = oai.completions.create(model="x", prompt=prompt, temperature=0, max_tokens=40, logprobs=0)
+    r = oai.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=40, logprobs=0)
     text = r.choices[0].text
     offsets = r.choices[0].logprobs.text_offset
     # A 6-character stop string with a token boundary strictly inside it.
     start = next(o - 3 for o in offsets[3:] if o >= 3 and len(text) >= o + 3 and text[o - 3 : o + 3].strip())
     stop = text[start : start + 6]
     expected = text[: text.find(stop)]
-    chunks = list(oai.completions.create(model="x", prompt=prompt, temperature=0, max_tokens=40, stop=[stop], stream=True))
+    chunks = list(oai.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=40, stop=[stop], stream=True))
     streamed = "".join(ch.choices[0].text for ch in chunks)
     assert streamed == expected, (stop, streamed)
     assert chunks[-1].choices[0].finish_reason == "stop"
@@ -133,10 +133,10 @@ def test_stop_string_spanning_tokens_never_leaks(oai):
 
 def test_typed_errors(oai, keyed_server):
     with pytest.raises(openai.BadRequestError) as e:
-        oai.chat.completions.create(model="x", messages=[])
+        oai.chat.completions.create(model=MODEL, messages=[])
     assert "messages" in str(e.value)
     with pytest.raises(openai.BadRequestError):
-        oai.chat.completions.create(model="x", messages=MSGS, max_tokens=10**9)
+        oai.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=10**9)
     with pytest.raises(openai.NotFoundError):
         oai.models.retrieve("no-such-model")
     bad = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="wrong", max_retries=0)
@@ -151,7 +151,7 @@ def test_oversized_body_is_a_413_the_sdk_reads(oai, server):
     # The SDK sends the whole 12 MB before it reads: the server must drain it, not reset.
     big = [{"role": "user", "content": "a" * (12 * 1024 * 1024)}]
     with pytest.raises(openai.APIStatusError) as e:
-        oai.chat.completions.create(model="x", messages=big)
+        oai.chat.completions.create(model=MODEL, messages=big)
     assert e.value.status_code == 413
     assert "too large" in e.value.response.json()["error"]["message"]
     assert httpx.get(server.url + "/health").status_code == 200
@@ -230,12 +230,12 @@ def test_non_stream_client_that_gives_up_cancels(server):
 
 def test_sixteen_concurrent_streams(oai):
     msgs = [{"role": "user", "content": "Name a color."}]
-    ref = oai.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=8).choices[0].message.content
+    ref = oai.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=8).choices[0].message.content
     results, errors = [None] * 16, []
 
     def run(i):
         try:
-            s = oai.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=8, stream=True)
+            s = oai.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=8, stream=True)
             results[i] = "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
@@ -257,7 +257,7 @@ def test_tool_round_trip_history(oai):
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21C"},
     ]
-    r = oai.chat.completions.create(model="x", messages=msgs, tools=tools, temperature=0, max_tokens=16)
+    r = oai.chat.completions.create(model=MODEL, messages=msgs, tools=tools, temperature=0, max_tokens=16)
     c = r.choices[0]
     assert c.finish_reason in ("stop", "length", "tool_calls")
     for call in c.message.tool_calls or []:
@@ -301,12 +301,12 @@ def test_every_route_the_server_answers_is_described(server):
 def test_prompt_cache_across_conversations(oai, server):
     a = [{"role": "user", "content": "Tell me about the moon in one sentence."}]
     b = [{"role": "user", "content": "Name three kinds of trees."}]
-    ra = oai.chat.completions.create(model="x", messages=a, temperature=0, max_tokens=8)
-    oai.chat.completions.create(model="x", messages=b, temperature=0, max_tokens=8)
+    ra = oai.chat.completions.create(model=MODEL, messages=a, temperature=0, max_tokens=8)
+    oai.chat.completions.create(model=MODEL, messages=b, temperature=0, max_tokens=8)
     # Conversation A's next turn re-prefills only the new turn, although B ran in between.
     a2 = a + [{"role": "assistant", "content": ra.choices[0].message.content},
               {"role": "user", "content": "And the sun?"}]
-    r = oai.chat.completions.create(model="x", messages=a2, temperature=0, max_tokens=8)
+    r = oai.chat.completions.create(model=MODEL, messages=a2, temperature=0, max_tokens=8)
     assert r.usage.prompt_tokens_details.cached_tokens >= ra.usage.prompt_tokens - 1
     pc = httpx.get(server.url + "/stats").json()["prompt_cache"]
     assert pc["entries"] >= 2 and pc["hits"] >= 1 and pc["bytes"] > 0

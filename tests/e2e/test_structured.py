@@ -9,6 +9,8 @@ import openai
 import anthropic
 import pytest
 
+from conftest import MODEL
+
 NAME = {"type": "string", "minLength": 1, "maxLength": 30}
 # Strings and numbers carry bounds: a schema that admits an endless digit string or text lets a
 # small model at temperature 1 write one until max_tokens (the grammar keeps the schema's
@@ -70,7 +72,7 @@ RUNS = [dict(temperature=0), dict(temperature=0.9, seed=1), dict(temperature=1.0
 
 def ask(oai, schema, **sampling):
     r = oai.chat.completions.create(
-        model="x", max_tokens=300,
+        model=MODEL, max_tokens=300,
         messages=[{"role": "user", "content": PROMPT}],
         response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}},
         **sampling,
@@ -100,7 +102,7 @@ def test_json_object_always_parses(oai):
     finished = 0
     for sampling in RUNS:
         r = oai.chat.completions.create(
-            model="x", max_tokens=300, messages=[{"role": "user", "content": "Give me a JSON object about a cat."}],
+            model=MODEL, max_tokens=300, messages=[{"role": "user", "content": "Give me a JSON object about a cat."}],
             response_format={"type": "json_object"}, **sampling)
         c = r.choices[0]
         if c.finish_reason == "length":
@@ -120,7 +122,7 @@ def test_forced_tool_call_arguments_validate(oai, anth):
                                                "parameters": WEATHER, "strict": True}},
              {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}]
     for choice in ["required", {"type": "function", "function": {"name": "get_weather"}}]:
-        r = oai.chat.completions.create(model="x", max_tokens=200, tools=tools, tool_choice=choice, temperature=0,
+        r = oai.chat.completions.create(model=MODEL, max_tokens=200, tools=tools, tool_choice=choice, temperature=0,
                                         messages=[{"role": "user", "content": "Weather in Paris?"}])
         c = r.choices[0]
         assert c.finish_reason == "tool_calls"
@@ -136,13 +138,13 @@ def test_forced_tool_call_arguments_validate(oai, anth):
         "properties": {"lines": {"type": "array", "items": {"$ref": "#/$defs/line"}, "minItems": 1, "maxItems": 3}},
         "required": ["lines"], "additionalProperties": False}
     r = oai.chat.completions.create(
-        model="x", max_tokens=200, messages=[{"role": "user", "content": "Order two apples."}],
+        model=MODEL, max_tokens=200, messages=[{"role": "user", "content": "Order two apples."}],
         tools=[{"type": "function", "function": {"name": "place_order", "parameters": order}}],
         tool_choice={"type": "function", "function": {"name": "place_order"}})
     call = r.choices[0].message.tool_calls[0]
     assert call.function.name == "place_order"
     jsonschema.validate(json.loads(call.function.arguments), order)
-    m = anth.messages.create(model="x", max_tokens=200,
+    m = anth.messages.create(model=MODEL, max_tokens=200,
                              tools=[{"name": "get_weather", "input_schema": WEATHER}],
                              tool_choice={"type": "tool", "name": "get_weather"},
                              messages=[{"role": "user", "content": "Weather in Oslo?"}])
@@ -159,7 +161,7 @@ def test_forced_tool_call_arguments_validate(oai, anth):
 ])
 def test_bad_formats_are_400(oai, fmt, needle):
     with pytest.raises(openai.BadRequestError) as e:
-        oai.chat.completions.create(model="x", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
+        oai.chat.completions.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "hi"}],
                                     response_format=fmt)
     assert needle in str(e.value)
 
@@ -168,7 +170,7 @@ def test_streamed_structured_output_matches(oai):
     schema = SCHEMAS["closed_object"]
     whole = ask(oai, schema, temperature=0).message.content
     stream = oai.chat.completions.create(
-        model="x", max_tokens=300, temperature=0, stream=True,
+        model=MODEL, max_tokens=300, temperature=0, stream=True,
         messages=[{"role": "user", "content": PROMPT}],
         response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)

@@ -71,7 +71,11 @@ pub fn mounted(state: &AppState) -> Vec<Arc<ServedAdapter>> {
 
 /// The adapters of `model`, as `/stats` lists them.
 pub fn section_of(model: &ServedModel) -> serde_json::Value {
-    let mounted = model.adapters.as_ref().map(|r| r.list()).unwrap_or_default();
+    let mounted = model
+        .adapters
+        .as_ref()
+        .map(|r| r.list())
+        .unwrap_or_default();
     let list = AdapterList {
         adapters: mounted.iter().map(|a| entry(a)).collect(),
         default: model.adapters.as_ref().map_or_else(

@@ -44,7 +44,8 @@ pub struct Loopback {
 #[derive(Debug, Clone)]
 pub struct HttpChat {
     endpoint: Loopback,
-    /// `model` of each request (`local` when not given).
+    /// `model` of each request (`local` when not given: the serving model's default, so the
+    /// field is left out and the server picks its default model).
     pub model: String,
     /// `max_tokens` of each request (spec: 512).
     pub max_tokens: u32,
@@ -52,6 +53,9 @@ pub struct HttpChat {
     pub temperature: f64,
     agent: ureq::Agent,
 }
+
+/// The spec's default `model_name`: whatever the local server serves by default.
+pub const LOCAL_MODEL: &str = "local";
 
 /// Longest a single completion may take before the template gives up.
 const CALL_TIMEOUT: Duration = Duration::from_secs(900);
@@ -75,12 +79,14 @@ impl HttpChat {
 
     fn body(&self, req: &ChatRequest) -> Value {
         let mut body = json!({
-            "model": self.model,
             "messages": req.messages,
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "chat_template_kwargs": {"enable_thinking": false},
         });
+        if self.model != LOCAL_MODEL {
+            body["model"] = json!(self.model);
+        }
         if let Some(tools) = &req.tools {
             body["tools"] = tools.clone();
         }
@@ -179,7 +185,8 @@ mod tests {
             messages: vec![json!({"role": "user", "content": "hi"})],
             tools: Some(json!([{"type": "function"}])),
         });
-        assert_eq!(b["model"], "local");
+        // `local` is the server's default model: no `model` is sent.
+        assert!(b.get("model").is_none());
         assert_eq!(b["max_tokens"], 512);
         assert_eq!(b["temperature"], 0.7);
         assert_eq!(b["chat_template_kwargs"]["enable_thinking"], false);

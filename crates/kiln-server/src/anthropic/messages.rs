@@ -191,8 +191,15 @@ pub async fn handler(
         .map_err(|e| e.flavor(f))?;
     let prompt = plan.prompt;
     // No default applies: the request always names its max_tokens.
-    let max_tokens = plan_max_tokens(&state, &model, prompt.len(), Some(requested), 1, "max_tokens")
-        .map_err(|e| e.flavor(f))?;
+    let max_tokens = plan_max_tokens(
+        &state,
+        &model,
+        prompt.len(),
+        Some(requested),
+        1,
+        "max_tokens",
+    )
+    .map_err(|e| e.flavor(f))?;
     let input_tokens = prompt.len();
     let rx = submit(
         &model,
@@ -209,7 +216,14 @@ pub async fn handler(
     )?;
     let id = state.new_id("msg_");
     if req.stream.unwrap_or(false) {
-        let framer = MessagesFramer::new(state.clone(), model.clone(), id, plan.shape, stop, input_tokens);
+        let framer = MessagesFramer::new(
+            state.clone(),
+            model.clone(),
+            id,
+            plan.shape,
+            stop,
+            input_tokens,
+        );
         return Ok(sse_response(rx, framer));
     }
     let out = collect(rx, f).await?;

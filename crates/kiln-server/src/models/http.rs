@@ -85,7 +85,11 @@ fn bare_card(state: &SharedState, id: &str, status: ModelStatus, root: String) -
 }
 
 /// The card of a loaded model.
-pub fn loaded_card(state: &SharedState, m: &ServedModel, keep_alive: Option<KeepAlive>) -> ModelCard {
+pub fn loaded_card(
+    state: &SharedState,
+    m: &ServedModel,
+    keep_alive: Option<KeepAlive>,
+) -> ModelCard {
     let info = &m.info;
     let ctx = Some(info.context_len);
     ModelCard {
@@ -136,7 +140,12 @@ fn cards(state: &SharedState) -> Vec<ModelCard> {
         if !taken {
             out.push(ModelCard {
                 size_bytes: Some(l.size_bytes),
-                ..bare_card(state, id, ModelStatus::Unloaded, l.path.display().to_string())
+                ..bare_card(
+                    state,
+                    id,
+                    ModelStatus::Unloaded,
+                    l.path.display().to_string(),
+                )
             });
         }
     }

@@ -29,7 +29,7 @@ impl KeepAlive {
         if secs.is_nan() {
             return Err(BadKeepAlive("NaN".into()));
         }
-        if secs < 0.0 || secs > MAX_SECS {
+        if !(0.0..=MAX_SECS).contains(&secs) {
             return Ok(Self::Forever);
         }
         Ok(Self::For(Duration::from_secs_f64(secs)))

@@ -139,7 +139,9 @@ impl PoolModel for ServedModel {
     }
 
     fn answers_to(&self, name: &str) -> bool {
-        self.adapters.as_ref().is_some_and(|r| r.get(name).is_some())
+        self.adapters
+            .as_ref()
+            .is_some_and(|r| r.get(name).is_some())
     }
 
     fn shut_down(&self) {
@@ -186,6 +188,7 @@ pub async fn acquire(
     keep_alive: Option<&serde_json::Value>,
 ) -> Result<ModelLease, ApiError> {
     let name = model_name(model)?;
-    let keep = KeepAlive::from_field(keep_alive).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let keep =
+        KeepAlive::from_field(keep_alive).map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok(models.acquire(name, keep).await?)
 }

@@ -354,7 +354,11 @@ impl<M: PoolModel> ModelPool<M> {
 
     /// Bytes of the budget the loaded models hold.
     pub fn billed_bytes(&self) -> u64 {
-        self.lock().entries.iter().map(|e| e.model.bill_bytes()).sum()
+        self.lock()
+            .entries
+            .iter()
+            .map(|e| e.model.bill_bytes())
+            .sum()
     }
 
     /// The model `name` names (`None` or empty: the default), loading it if needed; with
@@ -438,7 +442,10 @@ impl<M: PoolModel> ModelPool<M> {
             }
             g.entries.remove(i).model
         };
-        tracing::warn!("model {} broke; it is unloaded and loads again", broken.id());
+        tracing::warn!(
+            "model {} broke; it is unloaded and loads again",
+            broken.id()
+        );
         std::thread::spawn(move || broken.shut_down());
         Ok(None)
     }
@@ -476,11 +483,7 @@ impl<M: PoolModel> ModelPool<M> {
 
     /// Loads `c`, evicting idle models (least recently used first) for a seat and for room,
     /// and waiting for busy ones until `deadline`.
-    async fn make_room_and_load(
-        &self,
-        c: &Candidate,
-        deadline: Instant,
-    ) -> Result<M, PoolError> {
+    async fn make_room_and_load(&self, c: &Candidate, deadline: Instant) -> Result<M, PoolError> {
         loop {
             let (count, billed, busy) = {
                 let g = self.lock();
@@ -547,7 +550,11 @@ impl<M: PoolModel> ModelPool<M> {
             .unwrap_or_else(|e| Err(LoadError::Failed(format!("the loader panicked: {e}"))));
         self.lock().loading = None;
         if let Ok(m) = &result {
-            tracing::info!("model {} loaded ({:.3} GB billed)", m.id(), gb(m.bill_bytes()));
+            tracing::info!(
+                "model {} loaded ({:.3} GB billed)",
+                m.id(),
+                gb(m.bill_bytes())
+            );
         }
         result
     }

@@ -46,10 +46,12 @@ struct FakeLoader {
 impl Loader<Fake> for FakeLoader {
     fn find(&self, name: &str) -> Option<Candidate> {
         let id = name.trim_end_matches(".gguf");
-        ["a", "b", "c", "huge", "bad"].contains(&id).then(|| Candidate {
-            id: id.to_string(),
-            path: PathBuf::from(format!("/models/{id}.gguf")),
-        })
+        ["a", "b", "c", "huge", "bad"]
+            .contains(&id)
+            .then(|| Candidate {
+                id: id.to_string(),
+                path: PathBuf::from(format!("/models/{id}.gguf")),
+            })
     }
     fn available(&self) -> Vec<Listed> {
         ["a", "b", "c"]
@@ -134,9 +136,19 @@ async fn unknown_and_path_names_are_refused() {
         Err(PoolError::NotFound { known, .. }) => assert_eq!(known, ["a", "b", "c"]),
         other => panic!("{:?}", other.err()),
     }
-    for bad in ["../a", "/etc/passwd", "a/../../b", "~/x", "C:\\x", ".hidden"] {
+    for bad in [
+        "../a",
+        "/etc/passwd",
+        "a/../../b",
+        "~/x",
+        "C:\\x",
+        ".hidden",
+    ] {
         assert!(
-            matches!(s.pool.acquire(Some(bad), None).await, Err(PoolError::PathName(_))),
+            matches!(
+                s.pool.acquire(Some(bad), None).await,
+                Err(PoolError::PathName(_))
+            ),
             "{bad}"
         );
     }
@@ -175,14 +187,17 @@ async fn the_budget_is_never_exceeded_and_busy_models_are_waited_for() {
     }
     // Once `a` is let go while `b` waits, `b` evicts it.
     let pool = s.pool.clone();
-    let waiter = tokio::spawn(async move { pool.acquire(Some("b"), None).await.map(|l| l.id.clone()) });
+    let waiter =
+        tokio::spawn(async move { pool.acquire(Some("b"), None).await.map(|l| l.id.clone()) });
     tokio::time::sleep(Duration::from_millis(50)).await;
     drop(a);
     assert_eq!(waiter.await.unwrap().unwrap(), "b");
     assert_eq!(loaded_ids(&s.pool), ["b"]);
     assert!(s.pool.billed_bytes() <= 150);
     match s.pool.acquire(Some("huge"), None).await {
-        Err(PoolError::TooLarge { needed, budget, .. }) => assert_eq!((needed, budget), (1 << 40, 150)),
+        Err(PoolError::TooLarge { needed, budget, .. }) => {
+            assert_eq!((needed, budget), (1 << 40, 150))
+        }
         other => panic!("{:?}", other.err()),
     }
     // The huge model evicted nothing.
@@ -214,7 +229,12 @@ async fn keep_alive_zero_unloads_once_idle_and_negative_keeps() {
         .unwrap();
     assert!(s.pool.reap().is_empty(), "leased models stay");
     drop(a);
-    drop(s.pool.acquire(Some("b"), Some(KeepAlive::Forever)).await.unwrap());
+    drop(
+        s.pool
+            .acquire(Some("b"), Some(KeepAlive::Forever))
+            .await
+            .unwrap(),
+    );
     assert_eq!(s.pool.reap(), ["a"]);
     assert_eq!(loaded_ids(&s.pool), ["b"]);
     assert!(s.pool.reap().is_empty());
@@ -225,7 +245,11 @@ async fn a_broken_model_is_replaced_and_the_others_keep_serving() {
     let s = setup(None, 3);
     drop(s.pool.acquire(Some("a"), None).await.unwrap());
     drop(s.pool.acquire(Some("b"), None).await.unwrap());
-    s.pool.get("a").unwrap().broken.store(true, Ordering::SeqCst);
+    s.pool
+        .get("a")
+        .unwrap()
+        .broken
+        .store(true, Ordering::SeqCst);
     let b = s.pool.acquire(Some("b"), None).await.unwrap();
     assert_eq!(b.id, "b");
     let a = s.pool.acquire(Some("a"), None).await.unwrap();
@@ -237,7 +261,10 @@ async fn a_broken_model_is_replaced_and_the_others_keep_serving() {
 async fn an_adapter_name_reaches_its_model_and_unload_waits_for_requests() {
     let s = setup(None, 3);
     drop(s.pool.acquire(Some("b"), None).await.unwrap());
-    assert_eq!(s.pool.acquire(Some("b-adapter"), None).await.unwrap().id, "b");
+    assert_eq!(
+        s.pool.acquire(Some("b-adapter"), None).await.unwrap().id,
+        "b"
+    );
     let lease = s.pool.acquire(Some("b"), None).await.unwrap();
     assert_eq!(s.pool.unload("b").await, Ok(false));
     drop(lease);

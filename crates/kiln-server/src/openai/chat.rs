@@ -18,9 +18,9 @@ use crate::errors::{ApiError, Flavor};
 use crate::generation::{
     blocking, collect, finish_reason_str, plan_max_tokens, sse_response, submit,
 };
+use crate::models::ServedModel;
 use crate::prompt::validate_tools;
 use crate::sampling::{SamplingFields, parse_stop, parse_top_logprobs};
-use crate::models::ServedModel;
 use crate::state::{SharedState, unix_now};
 use crate::structured::{chat_response_format, openai_tool_choice};
 use crate::turn::{Turn, TurnBuilder, TurnShape};
@@ -176,9 +176,13 @@ pub fn plan(
     };
     let top = parse_top_logprobs(req.top_logprobs.as_ref())?;
     let stop = parse_stop(req.stop.as_ref(), "stop")?;
-    let sampling = req
-        .sampling
-        .resolve(state, &model.info, logprobs, if logprobs { top } else { 0 }, true)?;
+    let sampling = req.sampling.resolve(
+        state,
+        &model.info,
+        logprobs,
+        if logprobs { top } else { 0 },
+        true,
+    )?;
     let turn = plan_chat(
         &model.info,
         ChatInput {
@@ -225,7 +229,8 @@ pub async fn handler(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = parse_request(body, Flavor::OpenAi)?;
-    let lease = crate::models::acquire(&state.models, req.model.as_ref(), req.keep_alive.as_ref()).await?;
+    let lease =
+        crate::models::acquire(&state.models, req.model.as_ref(), req.keep_alive.as_ref()).await?;
     let model = lease.model().clone();
     let (st, m) = (state.clone(), model.clone());
     let (req, plan) = blocking(Flavor::OpenAi, move || {
@@ -237,7 +242,14 @@ pub async fn handler(
     let id = state.new_id("chatcmpl-");
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
-        let framer = ChatFramer::new(state.clone(), model.clone(), id, plan.shape, include_usage, plan.logprobs);
+        let framer = ChatFramer::new(
+            state.clone(),
+            model.clone(),
+            id,
+            plan.shape,
+            include_usage,
+            plan.logprobs,
+        );
         return Ok(sse_response(rx, framer));
     }
     let out = collect(rx, Flavor::OpenAi).await?;

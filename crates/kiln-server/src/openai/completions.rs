@@ -19,8 +19,8 @@ use crate::errors::{ApiError, Flavor};
 use crate::generation::{
     Framer, blocking, collect, data_frame, finish_reason_str, plan_max_tokens, sse_response, submit,
 };
-use crate::sampling::{SamplingFields, parse_stop};
 use crate::models::ServedModel;
+use crate::sampling::{SamplingFields, parse_stop};
 use crate::state::{SharedState, unix_now};
 
 /// Built-in `max_tokens` default for completions (spec §3.2).

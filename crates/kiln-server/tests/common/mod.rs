@@ -103,7 +103,10 @@ pub fn app_with_info<G: Generator>(
     info: ModelInfo,
 ) -> Router {
     let gateway = Arc::new(Gateway::start(generator, queue, None));
-    app_over(Models::single(ServedModel::new(info, gateway), None), config)
+    app_over(
+        Models::single(ServedModel::new(info, gateway), None),
+        config,
+    )
 }
 
 /// A router over the models of `pool`.

@@ -53,7 +53,10 @@ impl ServeLoader {
     }
 
     fn is_startup_file(&self, k: &kiln_hub::KnownModel) -> bool {
-        self.startup.path.file_name().is_some_and(|f| f == k.file_name.as_str())
+        self.startup
+            .path
+            .file_name()
+            .is_some_and(|f| f == k.file_name.as_str())
     }
 
     /// The engine, its gateway and its bill, for `c` within `room`.
@@ -83,9 +86,9 @@ impl ServeLoader {
             o.prefill_chunk = o.prefill_chunk.min(self.batch_tokens);
             let shape = o.clone();
             let room_for = |n: usize| {
-                memory.as_ref().map(|m| {
-                    kv_room(&figures, &m.fit, cfg, &shape, self.batch_tokens, n, threads)
-                })
+                memory
+                    .as_ref()
+                    .map(|m| kv_room(&figures, &m.fit, cfg, &shape, self.batch_tokens, n, threads))
             };
             o.slots = parallel(&figures, self.parallel, &room_for, cfg, &shape);
             let room = room_for(o.slots);
@@ -219,7 +222,7 @@ impl Loader<ServedModel> for ServeLoader {
         let mut out: Vec<Listed> = kiln_hub::list_cached()
             .into_iter()
             .map(|m| Listed {
-                name: m.name,
+                name: m.name.strip_suffix(".gguf").unwrap_or(&m.name).to_string(),
                 path: m.path,
                 size_bytes: m.size_bytes,
             })

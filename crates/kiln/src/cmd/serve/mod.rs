@@ -235,7 +235,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let models = Arc::new(Models::new(Arc::new(serve_loader), settings, id.clone()));
     let aliases = (args.model != id).then(|| args.model.clone());
-    models.insert(model, path.clone(), aliases.into_iter().collect(), KeepAlive::Forever);
+    models.insert(
+        model,
+        path.clone(),
+        aliases.into_iter().collect(),
+        KeepAlive::Forever,
+    );
     let served = served_entry(&path, &id);
     let extensions = job_extensions(&jobs, served);
     rt.block_on(async move {
