@@ -219,3 +219,21 @@ def test_a_model_that_fails_to_load_is_a_500_to_its_request_only(cache, pair):
         assert statuses(pair.url)["broken"] == "unloaded"
     finally:
         os.remove(broken)
+
+
+PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page")
+CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium")
+
+
+@pytest.mark.skipif(not (CHROMIUM and shutil.which("node")
+                         and os.path.isdir(os.path.join(PAGE, "node_modules", "playwright-core"))),
+                    reason="needs chromium, node and playwright-core (scripts/e2e.sh installs it)")
+def test_the_chat_page_picks_the_model(pair):
+    out = subprocess.run(["node", os.path.join(PAGE, "chat_page.mjs"),
+                          pair.url + "/?temperature=0&max_tokens=32", "b"],
+                         capture_output=True, text=True, timeout=180, env={**os.environ, "CHROMIUM": CHROMIUM})
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["model"] == "a" and {"a", "b"} <= set(r["options"])
+    assert r["answeredBy"] == "a" and r["picked"] == "b"
+    assert not r["consoleErrors"]

@@ -21,6 +21,7 @@ def test_chat_page_streams_an_answer(server):
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["model"] and r["model"] != "unavailable"
+    assert r["model"] in r["options"] and r["answeredBy"] == r["model"]
     assert "f16" in r["kv"]
     assert r["answer"].strip()
     assert r["updates"] >= 3, "the answer did not stream"

@@ -12,8 +12,9 @@ try {
   const consoleErrors = [];
   page.on("pageerror", (e) => consoleErrors.push(String(e)));
   await page.goto(url);
-  await page.waitForFunction(() => document.getElementById("model").textContent !== "…");
-  const model = await page.textContent("#model");
+  await page.waitForFunction(() => document.getElementById("kv").textContent !== "…");
+  const model = await page.$eval("#model", (s) => s.value || s.textContent);
+  const options = await page.$$eval("#model option", (os) => os.map((o) => o.value));
   const kv = await page.textContent("#kv");
 
   // Count how many times the answer grows while it streams.
@@ -41,7 +42,21 @@ try {
   const stopSecs = (Date.now() - stopAt) / 1000;
   const sendEnabled = await page.isEnabled("#send");
 
-  console.log(JSON.stringify({ model, kv, answer, updates, speed, stopSecs, sendEnabled, consoleErrors }));
+  const answeredBy = await page.getAttribute(".assistant[data-done='1']", "data-model");
+
+  // A model picked from the list answers the next message (argv[3], when given).
+  let picked = null;
+  if (process.argv[3]) {
+    await page.selectOption("#model", process.argv[3]);
+    await page.fill("#input", "Name a colour.");
+    await page.press("#input", "Enter");
+    await page.waitForFunction(() => document.querySelectorAll(".assistant[data-done='1']").length === 3,
+      null, { timeout: 60000 });
+    picked = await page.$$eval(".assistant[data-done='1']", (ds) => ds[2].dataset.model);
+  }
+
+  console.log(JSON.stringify({ model, options, kv, answer, answeredBy, picked, updates, speed, stopSecs,
+    sendEnabled, consoleErrors }));
 } finally {
   await browser.close();
 }
