@@ -134,7 +134,8 @@ async fn an_llm_template_calls_the_loopback_with_the_servers_key() {
             body["max_tokens"].clone(),
             body["temperature"].clone()
         ),
-        (json!("local"), json!(32), json!(0.7))
+        // The default model (`local`) is the server's: no `model` is sent.
+        (Value::Null, json!(32), json!(0.7))
     );
     assert_eq!(body["chat_template_kwargs"]["enable_thinking"], false);
     let log = std::fs::read_to_string(&r.log_path).unwrap();
