@@ -265,6 +265,11 @@ impl<B: Backend> Engine<B> {
         req: &GenerateRequest,
         sink: Box<dyn SequenceSink>,
     ) -> Result<u64, EngineError> {
+        if self.is_embedding_model() {
+            return Err(EngineError::Request(
+                "this is an embedding model: it answers /v1/embeddings, not generation".into(),
+            ));
+        }
         let adapters = req.adapters.clone().filter(|a| !a.is_empty());
         self.check_adapters(adapters.as_deref())?;
         let dec = Decoding::new(&self.model, req, self.options.context_len)?;

@@ -7,6 +7,7 @@
 pub mod adapters;
 pub mod bench;
 pub mod detok;
+pub mod embed;
 pub mod engine;
 pub mod error;
 pub mod eval;

@@ -34,6 +34,8 @@ pub struct LoadedModel<B: Backend> {
     pub eos_ids: Vec<u32>,
     /// Sampling defaults from `generation_config.json`.
     pub generation: GenerationDefaults,
+    /// How an embedding model pools (`None`: a generative model).
+    pub embedding: Option<kiln_model::embedding::EmbeddingConfig>,
     /// Bytes of weight data in the files.
     pub weight_bytes: u64,
     /// Seconds spent loading.
@@ -72,7 +74,12 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> Result<LoadedModel<B>
     eos_ids.extend(tokenizer.eos_ids());
     eos_ids.sort_unstable();
     eos_ids.dedup();
-    let model = Model::load(backend, files.tensors(), files.config.clone())?;
+    let model = Model::load_for(
+        backend,
+        files.tensors(),
+        files.config.clone(),
+        files.embedding.is_none(),
+    )?;
     let weight_bytes = files.tensors().total_tensor_bytes();
     let hf_tokenizer = Arc::new(tokenizer.inner().clone());
     Ok(LoadedModel {
@@ -85,6 +92,7 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> Result<LoadedModel<B>
         chat_template,
         eos_ids,
         generation: files.generation.clone(),
+        embedding: files.embedding,
         weight_bytes,
         load_secs: started.elapsed().as_secs_f64(),
     })

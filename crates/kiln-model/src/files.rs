@@ -45,6 +45,8 @@ pub struct ModelFiles {
     pub source: WeightFiles,
     /// Defaults from `generation_config.json` (empty for GGUF).
     pub generation: GenerationDefaults,
+    /// How an embedding model pools (`None`: a generative model).
+    pub embedding: Option<crate::embedding::EmbeddingConfig>,
 }
 
 impl ModelFiles {
@@ -55,6 +57,8 @@ impl ModelFiles {
         }
         let gguf = GgufFile::open(path)?;
         let config = config_from_gguf(path, gguf.header())?;
+        let embedding =
+            crate::embedding::embedding_from_gguf(path, gguf.header(), config.arch.name())?;
         let source = GgufSource::new(gguf, config.arch, config.num_heads, config.num_kv_heads);
         Ok(Self {
             path: path.into(),
@@ -62,6 +66,7 @@ impl ModelFiles {
             config,
             source: WeightFiles::Gguf(source),
             generation: GenerationDefaults::default(),
+            embedding,
         })
     }
 
@@ -78,12 +83,14 @@ impl ModelFiles {
         // MLX-quantized folders run as they are; a non-MLX quantization_config fails here.
         let quantization = MlxQuantization::from_config(&config_path, &json)?;
         let source = SafetensorsSource::open_with_quantization(dir, quantization)?;
+        let embedding = crate::embedding::embedding_from_hf(dir)?;
         Ok(Self {
             path: dir.into(),
             format: ModelFormat::HfFolder,
             config,
             source: WeightFiles::Safetensors(source),
             generation,
+            embedding,
         })
     }
 

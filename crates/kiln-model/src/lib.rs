@@ -5,6 +5,7 @@ pub mod arch;
 pub mod backend;
 pub mod chat_template;
 pub mod config;
+pub mod embedding;
 pub mod error;
 pub mod files;
 pub mod gguf;

@@ -6,6 +6,7 @@ use super::{gemma3, llama, qwen2, qwen3};
 use crate::ModelError;
 use crate::backend::{Backend, BatchLayout, KvStore, MatrixRole, RopeAngles};
 use crate::config::{Architecture, ModelConfig};
+use crate::embedding::Pooling;
 use crate::lora::AdapterStack;
 use crate::weights::{TensorSource, optional};
 
@@ -77,6 +78,17 @@ impl<B: Backend> Model<B> {
         src: &dyn TensorSource,
         config: ModelConfig,
     ) -> Result<Self, ModelError> {
+        Self::load_for(backend, src, config, true)
+    }
+
+    /// [`Model::load`]; with `needs_head` false a missing `lm_head.weight` is allowed (an
+    /// embedding model saved without its head: logits then use the embedding, unused).
+    pub fn load_for(
+        backend: &B,
+        src: &dyn TensorSource,
+        config: ModelConfig,
+        needs_head: bool,
+    ) -> Result<Self, ModelError> {
         let spec = match config.arch {
             Architecture::Llama => &llama::SPEC,
             Architecture::Qwen2 => &qwen2::SPEC,
@@ -96,7 +108,7 @@ impl<B: Backend> Model<B> {
             Some(t) if !config.tie_word_embeddings => {
                 Some(backend.matrix("lm_head.weight", MatrixRole::Head, t)?)
             }
-            Some(_) | None if config.tie_word_embeddings => None,
+            Some(_) | None if config.tie_word_embeddings || !needs_head => None,
             _ => {
                 return Err(ModelError::Tensor {
                     path: src.path().into(),
@@ -272,9 +284,94 @@ impl<B: Backend> Model<B> {
         tokens: &[u32],
         batch: &BatchLayout,
         want: LogitsWanted,
-        mut resume: Resume<'_, B>,
+        resume: Resume<'_, B>,
         adapters: &[Option<&AdapterStack>],
     ) -> Result<Vec<f32>, ModelError> {
+        let x = self.layers_out(b, kv, tokens, batch, resume, adapters)?;
+        let rows: Vec<usize> = match want {
+            LogitsWanted::All => (0..tokens.len()).collect(),
+            LogitsWanted::LastOfEach => span_rows(batch, |start, n| start + n - 1),
+        };
+        let x = if rows.len() == tokens.len() {
+            x
+        } else {
+            b.gather_rows(&x, &rows)
+        };
+        let x = self.final_norm(b, &x);
+        let logits = b.matmul(&x, self.lm_head.as_ref().unwrap_or(&self.embed))?;
+        for s in &batch.spans {
+            kv.set_seq_len(s.slot, s.start_pos + s.n_tokens);
+        }
+        Ok(b.to_host(&logits))
+    }
+
+    fn final_norm(&self, b: &B, x: &B::Act) -> B::Act {
+        b.rms_norm(
+            x,
+            &self.norm,
+            self.config.rms_norm_eps,
+            self.config.norm_weight_offset,
+        )
+    }
+
+    /// Runs `tokens` through the model (each span whole, from position 0 of its slot) and
+    /// returns one pooled, final-normed state per span, row-major `[spans, hidden]`: the
+    /// embeddings of an embedding model before any normalization.
+    pub fn pooled(
+        &self,
+        b: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        batch: &BatchLayout,
+        pooling: Pooling,
+    ) -> Result<Vec<f32>, ModelError> {
+        if batch.spans.iter().any(|s| s.start_pos != 0) {
+            return Err(ModelError::Forward(
+                "a pooled forward runs each input whole, from position 0".into(),
+            ));
+        }
+        let x = self.layers_out(b, kv, tokens, batch, Resume::default(), &[])?;
+        let h = self.config.hidden_size;
+        let out = match pooling {
+            Pooling::Last | Pooling::Cls => {
+                let rows = match pooling {
+                    Pooling::Last => span_rows(batch, |start, n| start + n - 1),
+                    _ => span_rows(batch, |start, _| start),
+                };
+                b.to_host(&self.final_norm(b, &b.gather_rows(&x, &rows)))
+            }
+            Pooling::Mean => {
+                let all = b.to_host(&self.final_norm(b, &x));
+                let mut out = vec![0f32; batch.spans.len() * h];
+                let mut start = 0;
+                for (i, s) in batch.spans.iter().enumerate() {
+                    let dst = &mut out[i * h..(i + 1) * h];
+                    for row in all[start * h..(start + s.n_tokens) * h].chunks_exact(h) {
+                        dst.iter_mut().zip(row).for_each(|(d, v)| *d += v);
+                    }
+                    dst.iter_mut().for_each(|d| *d /= s.n_tokens as f32);
+                    start += s.n_tokens;
+                }
+                out
+            }
+        };
+        for s in &batch.spans {
+            kv.set_seq_len(s.slot, s.n_tokens);
+        }
+        Ok(out)
+    }
+
+    /// The last layer's output for every row of `batch` (embedding first unless `resume` gives
+    /// the input), the slots' KV extended by the batch.
+    fn layers_out(
+        &self,
+        b: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        batch: &BatchLayout,
+        mut resume: Resume<'_, B>,
+        adapters: &[Option<&AdapterStack>],
+    ) -> Result<B::Act, ModelError> {
         self.check_batch(kv, tokens, batch)?;
         let adapter_runs = self.adapter_runs(batch, adapters)?;
         for s in &batch.spans {
@@ -306,36 +403,7 @@ impl<B: Backend> Model<B> {
         if let Some(c) = resume.capture {
             c.push(x.clone());
         }
-        let rows: Vec<usize> = match want {
-            LogitsWanted::All => (0..tokens.len()).collect(),
-            LogitsWanted::LastOfEach => {
-                let mut end = 0;
-                batch
-                    .spans
-                    .iter()
-                    .map(|s| {
-                        end += s.n_tokens;
-                        end - 1
-                    })
-                    .collect()
-            }
-        };
-        let x = if rows.len() == tokens.len() {
-            x
-        } else {
-            b.gather_rows(&x, &rows)
-        };
-        let x = b.rms_norm(
-            &x,
-            &self.norm,
-            self.config.rms_norm_eps,
-            self.config.norm_weight_offset,
-        );
-        let logits = b.matmul(&x, self.lm_head.as_ref().unwrap_or(&self.embed))?;
-        for s in &batch.spans {
-            kv.set_seq_len(s.slot, s.start_pos + s.n_tokens);
-        }
-        Ok(b.to_host(&logits))
+        Ok(x)
     }
 
     fn check_batch(
@@ -395,4 +463,18 @@ impl<B: Backend> Model<B> {
         }
         Ok(())
     }
+}
+
+/// One row index per span of `batch`, from each span's first row and length.
+fn span_rows(batch: &BatchLayout, pick: impl Fn(usize, usize) -> usize) -> Vec<usize> {
+    let mut start = 0;
+    batch
+        .spans
+        .iter()
+        .map(|s| {
+            let row = pick(start, s.n_tokens);
+            start += s.n_tokens;
+            row
+        })
+        .collect()
 }

@@ -127,6 +127,7 @@ impl SafetensorsSource {
             }
             files.push((path, mmap));
         }
+        with_model_prefix(&mut entries);
         let mlx = match mlx {
             Some(q) => Some(plan_mlx(&q, &files, &entries)?),
             None => None,
@@ -288,6 +289,29 @@ impl TensorSource for SafetensorsSource {
         match self.entries.get(name).and_then(|e| self.files.get(e.file)) {
             Some((path, _)) => path,
             None => &self.dir,
+        }
+    }
+}
+
+/// A base model saved without its head (`Qwen3Model`, `LlamaModel`: what sentence-transformers
+/// and embedding checkpoints ship) names its tensors without the `model.` prefix the
+/// causal-LM checkpoints use; those names get it, so both load the same way.
+fn with_model_prefix<E>(entries: &mut HashMap<String, E>) {
+    let bare = entries.contains_key("embed_tokens.weight")
+        && !entries.contains_key("model.embed_tokens.weight");
+    if !bare {
+        return;
+    }
+    let names: Vec<String> = entries
+        .keys()
+        .filter(|n| {
+            n.starts_with("embed_tokens.") || n.starts_with("layers.") || n.starts_with("norm.")
+        })
+        .cloned()
+        .collect();
+    for n in names {
+        if let Some(e) = entries.remove(&n) {
+            entries.insert(format!("model.{n}"), e);
         }
     }
 }

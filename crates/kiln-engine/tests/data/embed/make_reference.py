@@ -1,0 +1,107 @@
+"""Writes the tiny random embedding checkpoints kiln's embedding tests compare against, and
+what sentence-transformers makes of them.
+
+    python make_reference.py      # needs torch, transformers, sentence-transformers, tokenizers
+
+Each checkpoint is a Hugging Face folder as sentence-transformers saves it (config.json,
+model.safetensors, tokenizer.json, modules.json, 1_Pooling/config.json, 2_Normalize/ when
+normalizing) with random weights (seeded) and a byte-level BPE trained on the sentences below.
+`expected.json` holds, per checkpoint, the token ids of each input and its embedding."""
+
+import json
+import os
+import shutil
+
+import torch
+from sentence_transformers import SentenceTransformer, models
+from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
+from tokenizers.models import BPE
+from tokenizers.trainers import BpeTrainer
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Embeddings map text to vectors; similar texts land close together.",
+    "kiln serves local models over HTTP.",
+    "Retrieval finds the passages nearest to a query.",
+    "A cat sat on the mat, and the dog did not mind.",
+]
+INPUTS = [
+    "The quick brown fox.",
+    "Vectors of similar texts land close together.",
+    "kiln",
+    "Which passages are nearest to this query about cats and dogs?",
+]
+
+
+def tokenizer(eos):
+    tok = Tokenizer(BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(vocab_size=320, special_tokens=[eos],
+                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    eos_id = tok.token_to_id(eos)
+    # As Qwen3-Embedding: the end-of-text token closes every input, and its state is pooled.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, eos_id)])
+    return tok, eos_id
+
+
+def qwen3_last(out):
+    return qwen3(out, "lasttoken", normalize=True)
+
+
+def qwen3_mean(out):
+    return qwen3(out, "mean", normalize=False, seed=1)
+
+
+def qwen3(out, pooling, normalize, seed=0):
+    eos = "<|endoftext|>"
+    tok, eos_id = tokenizer(eos)
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,
+                      rope_theta=10000.0, tie_word_embeddings=False, eos_token_id=eos_id,
+                      bos_token_id=None, pad_token_id=eos_id)
+    model = Qwen3Model(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    model.eval()
+    raw = os.path.join(out, "_raw")
+    model.save_pretrained(raw, safe_serialization=True)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=eos)
+    fast.padding_side = "left"
+    fast.save_pretrained(raw)
+    word = models.Transformer(raw, max_seq_length=256)
+    pool = models.Pooling(word.get_embedding_dimension(), pooling_mode=pooling)
+    modules = [word, pool] + ([models.Normalize()] if normalize else [])
+    st = SentenceTransformer(modules=modules, device="cpu")
+    st.save(out)
+    shutil.rmtree(raw)
+    readme = os.path.join(out, "README.md")
+    if os.path.exists(readme):
+        os.remove(readme)
+    return st, fast
+
+
+def main():
+    expected = {}
+    for name, make in [("qwen3-last", qwen3_last), ("qwen3-mean", qwen3_mean)]:
+        out = os.path.join(HERE, name)
+        shutil.rmtree(out, ignore_errors=True)
+        st, fast = make(out)
+        emb = st.encode(INPUTS, convert_to_numpy=True, normalize_embeddings=False, batch_size=8)
+        expected[name] = [
+            {"text": t, "ids": fast(t)["input_ids"], "embedding": [float(x) for x in e]}
+            for t, e in zip(INPUTS, emb)
+        ]
+    with open(os.path.join(HERE, "expected.json"), "w") as f:
+        json.dump(expected, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

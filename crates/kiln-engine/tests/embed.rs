@@ -1,0 +1,135 @@
+//! Embeddings against sentence-transformers: the tiny random checkpoints and what
+//! sentence-transformers made of them (`tests/data/embed/`, written by `make_reference.py`
+//! there), on the CPU backend and the naive reference backend, one input at a time and batched.
+
+use std::path::PathBuf;
+
+use kiln_engine::embed::l2_normalize;
+use kiln_engine::kv_scheme::{DenseDtype, KvScheme};
+use kiln_engine::{Engine, EngineOptions, load_model};
+use kiln_model::backend::Backend;
+use kiln_model::backend::cpu::{CpuBackend, CpuOptions};
+use kiln_model::backend::reference::ReferenceBackend;
+use serde_json::Value;
+
+fn data() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/embed")
+}
+
+fn expected(name: &str) -> Vec<(Vec<u32>, Vec<f32>, String)> {
+    let text = std::fs::read_to_string(data().join("expected.json")).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    v[name]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let ids = e["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect();
+            let emb = e["embedding"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect();
+            (ids, emb, e["text"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    let n = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    dot / (n(a) * n(b))
+}
+
+fn engine<B: Backend>(backend: B, name: &str, slots: usize, kv: KvScheme) -> Engine<B> {
+    let model = load_model(&backend, &data().join(name)).expect("load");
+    let options = EngineOptions {
+        context_len: 128,
+        prefill_chunk: 64,
+        slots,
+        batch_tokens: 64,
+        kv_scheme: kv,
+        ..EngineOptions::default()
+    };
+    Engine::new(backend, model, options).expect("engine")
+}
+
+fn check<B: Backend>(mut e: Engine<B>, name: &str) {
+    let want = expected(name);
+    assert!(e.is_embedding_model());
+    let normalize = e.model().embedding.unwrap().normalize;
+    let ids: Vec<Vec<u32>> = want
+        .iter()
+        .map(|(ids, _, text)| {
+            let got = e.model().tokenizer.encode(text, true).unwrap();
+            assert_eq!(&got, ids, "{name}: tokens of {text:?}");
+            got
+        })
+        .collect();
+    let batched = e.embed(&ids).unwrap();
+    for (i, (_, reference, text)) in want.iter().enumerate() {
+        let mut one = e.embed(std::slice::from_ref(&ids[i])).unwrap().remove(0);
+        let mut b = batched[i].clone();
+        if normalize {
+            l2_normalize(&mut one);
+            l2_normalize(&mut b);
+        }
+        let c = cosine(&one, reference);
+        assert!(c >= 0.9999, "{name}: cosine {c} for {text:?}");
+        assert!(
+            cosine(&one, &b) >= 0.99999,
+            "{name}: batched differs for {text:?}"
+        );
+        let max_err = one
+            .iter()
+            .zip(reference)
+            .map(|(a, r)| (a - r).abs())
+            .fold(0f32, f32::max);
+        assert!(max_err < 2e-3, "{name}: max error {max_err} for {text:?}");
+    }
+}
+
+#[test]
+fn qwen3_last_token_matches_sentence_transformers_on_the_cpu_backend() {
+    let cpu = CpuBackend::new(CpuOptions { dense: false });
+    check(
+        engine(cpu, "qwen3-last", 2, KvScheme::dense(DenseDtype::default())),
+        "qwen3-last",
+    );
+}
+
+#[test]
+fn qwen3_last_token_matches_sentence_transformers_on_the_reference_backend() {
+    let reference = ReferenceBackend;
+    check(
+        engine(reference, "qwen3-last", 3, KvScheme::dense(DenseDtype::F32)),
+        "qwen3-last",
+    );
+}
+
+#[test]
+fn an_embedding_model_refuses_generation_and_bad_inputs() {
+    let cpu = CpuBackend::new(CpuOptions { dense: false });
+    let mut e = engine(cpu, "qwen3-last", 2, KvScheme::dense(DenseDtype::default()));
+    assert!(e.embed(&[vec![]]).is_err());
+    assert!(e.embed(&[vec![1; 129]]).is_err());
+    assert!(e.embed(&[]).unwrap().is_empty());
+}
+
+#[test]
+fn qwen3_mean_pooling_unnormalized_matches_sentence_transformers() {
+    let cpu = CpuBackend::new(CpuOptions { dense: false });
+    let e = engine(cpu, "qwen3-mean", 2, KvScheme::dense(DenseDtype::default()));
+    assert!(!e.model().embedding.unwrap().normalize);
+    check(e, "qwen3-mean");
+}

@@ -1,0 +1,206 @@
+//! Whether a model is an embedding model, and how it pools: sentence-transformers' folder
+//! layout (`modules.json`, the Pooling module's `config.json`, a Normalize module) or GGUF's
+//! `<arch>.pooling_type` (llama.cpp's numbering).
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::ModelError;
+use crate::files::read_json;
+use crate::gguf::GgufHeader;
+
+/// How the token states of one input become its embedding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean of every token's state.
+    Mean,
+    /// The first token's state.
+    Cls,
+    /// The last token's state (decoder embedders: Qwen3-Embedding).
+    Last,
+}
+
+impl Pooling {
+    /// The name used in listings.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Mean => "mean",
+            Self::Cls => "cls",
+            Self::Last => "last",
+        }
+    }
+}
+
+/// An embedding model's pooling and whether its embeddings are L2-normalized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbeddingConfig {
+    /// How token states are pooled.
+    pub pooling: Pooling,
+    /// Whether the model's own pipeline normalizes (sentence-transformers' Normalize module;
+    /// GGUF files say nothing, and llama-server normalizes by default).
+    pub normalize: bool,
+}
+
+fn bad(path: &Path, field: &str, reason: impl Into<String>) -> ModelError {
+    ModelError::Config {
+        path: path.into(),
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// A sentence-transformers folder's pooling (`None`: no `modules.json`, not an embedding
+/// model as far as the folder says).
+pub fn embedding_from_hf(dir: &Path) -> Result<Option<EmbeddingConfig>, ModelError> {
+    let modules_path = dir.join("modules.json");
+    if !modules_path.is_file() {
+        return Ok(None);
+    }
+    let modules = read_json(&modules_path)?;
+    let list = modules
+        .as_array()
+        .ok_or_else(|| bad(&modules_path, "(root)", "must be a list of modules"))?;
+    let kind = |m: &Value| {
+        m.get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let Some(pooling_module) = list.iter().find(|m| kind(m).ends_with(".Pooling")) else {
+        return Err(bad(
+            &modules_path,
+            "type",
+            "no Pooling module (kiln pools as sentence-transformers' Pooling does)",
+        ));
+    };
+    let sub = pooling_module
+        .get("path")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad(&modules_path, "path", "the Pooling module has no path"))?;
+    if sub.is_empty() || Path::new(sub).is_absolute() || sub.split(['/', '\\']).any(|p| p == "..") {
+        return Err(bad(
+            &modules_path,
+            "path",
+            format!("{sub:?} is not a folder inside the model"),
+        ));
+    }
+    let cfg_path = dir.join(sub).join("config.json");
+    let pooling = pooling_of(&cfg_path, &read_json(&cfg_path)?)?;
+    let normalize = list.iter().any(|m| kind(m).ends_with(".Normalize"));
+    Ok(Some(EmbeddingConfig { pooling, normalize }))
+}
+
+/// The pooling a Pooling module's `config.json` names: `pooling_mode` (sentence-transformers
+/// 5 and later) or the older `pooling_mode_*` flags.
+fn pooling_of(path: &Path, cfg: &Value) -> Result<Pooling, ModelError> {
+    let by_name = |name: &str| match name {
+        "mean" | "mean_tokens" => Some(Pooling::Mean),
+        "cls" | "cls_token" => Some(Pooling::Cls),
+        "lasttoken" | "last" => Some(Pooling::Last),
+        _ => None,
+    };
+    if let Some(mode) = cfg.get("pooling_mode").and_then(Value::as_str) {
+        return by_name(mode).ok_or_else(|| {
+            bad(
+                path,
+                "pooling_mode",
+                format!("{mode:?} is not supported (mean, cls, lasttoken are)"),
+            )
+        });
+    }
+    let flag = |k: &str| cfg.get(k).and_then(Value::as_bool) == Some(true);
+    let set: Vec<Pooling> = [
+        ("pooling_mode_mean_tokens", Pooling::Mean),
+        ("pooling_mode_cls_token", Pooling::Cls),
+        ("pooling_mode_lasttoken", Pooling::Last),
+    ]
+    .into_iter()
+    .filter(|(k, _)| flag(k))
+    .map(|(_, p)| p)
+    .collect();
+    let others = [
+        "pooling_mode_max_tokens",
+        "pooling_mode_mean_sqrt_len_tokens",
+        "pooling_mode_weightedmean_tokens",
+    ];
+    if let Some(k) = others.iter().find(|k| flag(k)) {
+        return Err(bad(
+            path,
+            k,
+            "this pooling is not supported (mean, cls, lasttoken are)",
+        ));
+    }
+    match set.as_slice() {
+        [one] => Ok(*one),
+        [] => Err(bad(path, "pooling_mode", "no pooling mode is set")),
+        _ => Err(bad(
+            path,
+            "pooling_mode",
+            "several pooling modes are set; kiln pools one way",
+        )),
+    }
+}
+
+/// A GGUF's `<arch>.pooling_type` (llama.cpp: 1 mean, 2 cls, 3 last; 0 or absent: none).
+pub fn embedding_from_gguf(
+    path: &Path,
+    header: &GgufHeader,
+    arch: &str,
+) -> Result<Option<EmbeddingConfig>, ModelError> {
+    let key = format!("{arch}.pooling_type");
+    let Some(v) = header.get(&key) else {
+        return Ok(None);
+    };
+    let pooling = match v.as_u64() {
+        Some(0) => return Ok(None),
+        Some(1) => Pooling::Mean,
+        Some(2) => Pooling::Cls,
+        Some(3) => Pooling::Last,
+        Some(n) => {
+            return Err(bad(
+                path,
+                &key,
+                format!("pooling type {n} is not supported (1 mean, 2 cls, 3 last)"),
+            ));
+        }
+        None => return Err(bad(path, &key, "must be an integer")),
+    };
+    Ok(Some(EmbeddingConfig {
+        pooling,
+        normalize: true,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn reads_both_pooling_config_forms() {
+        let p = Path::new("1_Pooling/config.json");
+        assert_eq!(
+            pooling_of(p, &json!({"pooling_mode": "lasttoken"})).unwrap(),
+            Pooling::Last
+        );
+        assert_eq!(
+            pooling_of(
+                p,
+                &json!({"pooling_mode_mean_tokens": true, "pooling_mode_cls_token": false})
+            )
+            .unwrap(),
+            Pooling::Mean
+        );
+        assert!(pooling_of(p, &json!({"pooling_mode": "max"})).is_err());
+        assert!(pooling_of(p, &json!({"pooling_mode_max_tokens": true})).is_err());
+        assert!(
+            pooling_of(
+                p,
+                &json!({"pooling_mode_mean_tokens": true, "pooling_mode_cls_token": true})
+            )
+            .is_err()
+        );
+        assert!(pooling_of(p, &json!({})).is_err());
+    }
+}
