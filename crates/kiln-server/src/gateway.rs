@@ -58,6 +58,13 @@ pub trait Generator: Send + 'static {
     fn scheduler_stats(&self) -> Option<SchedulerStats> {
         None
     }
+    /// The pooled, unnormalized embedding of each input (an embedding model's engine).
+    fn embed(&mut self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let _ = inputs;
+        Err(EngineError::Request(
+            "this model is not an embedding model".into(),
+        ))
+    }
 }
 
 impl<B: Backend + 'static> Generator for Engine<B>
@@ -106,6 +113,10 @@ where
 
     fn scheduler_stats(&self) -> Option<SchedulerStats> {
         Some(Engine::scheduler_stats(self))
+    }
+
+    fn embed(&mut self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        Engine::embed(self, inputs)
     }
 }
 
@@ -253,15 +264,40 @@ pub struct GatewayMetrics {
     pub broken: AtomicBool,
 }
 
-struct Job {
-    req: GenerateRequest,
-    events: UnboundedSender<Event>,
+/// An embedding job's answer: one pooled vector per input, or why the engine refused.
+pub type EmbedResult = Result<Vec<Vec<f32>>, String>;
+
+/// What the engine thread is asked to do.
+enum Job {
+    /// Generate for `req`, events to `events`.
+    Generate {
+        req: Box<GenerateRequest>,
+        events: UnboundedSender<Event>,
+        done: InFlight,
+    },
+    /// Embed `inputs`; the answer goes to `reply`, `done` ends the request's in-flight count.
+    Embed {
+        inputs: Vec<Vec<u32>>,
+        reply: tokio::sync::oneshot::Sender<EmbedResult>,
+        done: InFlight,
+    },
 }
 
-/// Hands a request's events to its HTTP handler and counts them.
+/// One accepted request's share of [`GatewayMetrics::in_flight`], given back when dropped.
+struct InFlight(Arc<GatewayMetrics>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Hands a request's events to its HTTP handler and counts them; dropped, it ends the
+/// request's in-flight count.
 struct GatewaySink {
     events: UnboundedSender<Event>,
     metrics: Arc<GatewayMetrics>,
+    _done: InFlight,
 }
 
 impl SequenceSink for GatewaySink {
@@ -285,12 +321,6 @@ impl SequenceSink for GatewaySink {
     fn failed(&mut self, message: &str) {
         self.metrics.failed.fetch_add(1, Ordering::Relaxed);
         let _ = self.events.send(Event::Failed(message.to_owned()));
-    }
-}
-
-impl Drop for GatewaySink {
-    fn drop(&mut self) {
-        self.metrics.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -348,6 +378,33 @@ impl Gateway {
     /// Queues `req`; events arrive on the returned receiver. Dropping the receiver cancels the
     /// request at the engine's next step, whether it runs, prefills or waits.
     pub fn submit(&self, req: GenerateRequest) -> Result<UnboundedReceiver<Event>, GatewayError> {
+        let (events, rx) = unbounded_channel();
+        self.send(|done| Job::Generate {
+            req: Box::new(req),
+            events,
+            done,
+        })?;
+        Ok(rx)
+    }
+
+    /// Queues the embedding of `inputs` (token ids); the pooled, unnormalized vectors (or the
+    /// engine's refusal) arrive on the returned receiver.
+    pub fn submit_embed(
+        &self,
+        inputs: Vec<Vec<u32>>,
+    ) -> Result<tokio::sync::oneshot::Receiver<EmbedResult>, GatewayError> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.send(|done| Job::Embed {
+            inputs,
+            reply,
+            done,
+        })?;
+        Ok(rx)
+    }
+
+    /// Counts a request in flight (refusing it past the capacity) and sends its job; the job
+    /// carries the count and gives it back when it is dropped, wherever that happens.
+    fn send(&self, job: impl FnOnce(InFlight) -> Job) -> Result<(), GatewayError> {
         let guard = self.tx.lock().map_err(|_| GatewayError::Closed)?;
         let tx = guard.as_ref().ok_or(GatewayError::Closed)?;
         let m = &self.metrics;
@@ -356,19 +413,13 @@ impl Gateway {
             m.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(GatewayError::Busy(self.capacity));
         }
-        let (events, rx) = unbounded_channel();
-        match tx.try_send(Job { req, events }) {
-            Ok(()) => Ok(rx),
-            Err(e) => {
-                m.in_flight.fetch_sub(1, Ordering::SeqCst);
-                match e {
-                    TrySendError::Full(_) => {
-                        m.rejected.fetch_add(1, Ordering::Relaxed);
-                        Err(GatewayError::Busy(self.capacity))
-                    }
-                    TrySendError::Disconnected(_) => Err(GatewayError::Closed),
-                }
+        match tx.try_send(job(InFlight(m.clone()))) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => {
+                m.rejected.fetch_add(1, Ordering::Relaxed);
+                Err(GatewayError::Busy(self.capacity))
             }
+            Err(TrySendError::Disconnected(_)) => Err(GatewayError::Closed),
         }
     }
 
@@ -455,18 +506,41 @@ fn engine_loop<G: Generator>(mut generator: G, rx: Receiver<Job>, m: &Arc<Gatewa
 }
 
 fn add_job<G: Generator>(generator: &mut G, job: Job, m: &Arc<GatewayMetrics>) {
+    let (req, events, done) = match job {
+        Job::Generate { req, events, done } => (req, events, done),
+        Job::Embed {
+            inputs,
+            reply,
+            done,
+        } => {
+            let result = generator.embed(&inputs).map_err(|e| e.to_string());
+            if result.is_err() {
+                m.failed.fetch_add(1, Ordering::Relaxed);
+            } else {
+                m.finished.fetch_add(1, Ordering::Relaxed);
+                m.prompt_tokens.fetch_add(
+                    inputs.iter().map(|i| i.len() as u64).sum(),
+                    Ordering::Relaxed,
+                );
+            }
+            let _ = reply.send(result);
+            drop(done);
+            return;
+        }
+    };
     // Dropping the sink (here, or with a refused request) ends the request's in-flight count.
     let sink = GatewaySink {
-        events: job.events.clone(),
+        events: events.clone(),
         metrics: m.clone(),
+        _done: done,
     };
     if sink.is_closed() {
         m.cancelled.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    if let Err(e) = generator.add(&job.req, Box::new(sink)) {
+    if let Err(e) = generator.add(&req, Box::new(sink)) {
         m.failed.fetch_add(1, Ordering::Relaxed);
-        let _ = job.events.send(Event::Failed(e.to_string()));
+        let _ = events.send(Event::Failed(e.to_string()));
     }
 }
 

@@ -87,6 +87,9 @@ pub fn submit(
     req: GenerateRequest,
     flavor: Flavor,
 ) -> Result<UnboundedReceiver<Event>, ApiError> {
+    if model.info.embedding.is_some() {
+        return Err(crate::models::not_generative(&model.info.id).flavor(flavor));
+    }
     model.gateway.submit(req).map_err(|e| match e {
         GatewayError::Busy(_) => ApiError::busy(e.to_string()).flavor(flavor),
         GatewayError::Closed => ApiError::busy(e.to_string()).flavor(flavor),

@@ -10,6 +10,7 @@ pub mod auth;
 pub mod body;
 pub mod body_guard;
 pub mod chat_plan;
+pub mod embeddings;
 pub mod errors;
 pub mod gateway;
 pub mod generation;

@@ -54,6 +54,16 @@ pub const ROUTES: &[RouteDoc] = &[
     ),
     (
         "POST",
+        "/v1/embeddings",
+        "OpenAI embeddings: input string|string[]|token ids|token-id lists, encoding_format float|base64, dimensions",
+    ),
+    (
+        "POST",
+        "/api/embed",
+        "Ollama embeddings: {model, input, truncate?, dimensions?} -> {embeddings}",
+    ),
+    (
+        "POST",
         "/v1/responses",
         "OpenAI Responses (stream and not; previous_response_id)",
     ),
@@ -148,6 +158,8 @@ pub fn router_with(
         .route("/api/models/unload", post(crate::models::http::unload))
         .route("/v1/chat/completions", post(openai::chat::handler))
         .route("/v1/completions", post(openai::completions::handler))
+        .route("/v1/embeddings", post(crate::embeddings::handler))
+        .route("/api/embed", post(crate::embeddings::ollama_handler))
         .route("/v1/responses", post(openai::responses::handler))
         .route("/v1/messages", post(anthropic::messages::handler))
         .route(

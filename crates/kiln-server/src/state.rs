@@ -40,6 +40,10 @@ pub struct ModelInfo {
     /// The memory model's verdict, computed once at startup: requests whose prompt plus
     /// `max_tokens` exceed its safe context are refused before any compute.
     pub memory: Option<MemoryAdmission>,
+    /// How an embedding model pools (`None`: a generative model).
+    pub embedding: Option<kiln_model::embedding::EmbeddingConfig>,
+    /// Width of the hidden state (an embedding's dimensions).
+    pub hidden_size: usize,
     /// Structured-output compiler for this vocabulary, built on first use (shared by clones).
     pub grammar: Arc<std::sync::OnceLock<Result<kiln_engine::structured::GrammarCompiler, String>>>,
 }
@@ -76,6 +80,8 @@ impl ModelInfo {
             load_secs: m.load_secs,
             arch: format!("{:?}", c.arch),
             memory: None,
+            embedding: m.embedding,
+            hidden_size: c.hidden_size,
             grammar: Arc::default(),
         }
     }
@@ -126,6 +132,11 @@ pub struct ServerConfig {
     pub limits: crate::listen::ConnectionLimits,
     /// Folders whose adapter subfolders `GET /v1/adapters/available` lists (fine-tune outputs).
     pub adapter_dirs: Vec<std::path::PathBuf>,
+    /// How embeddings are normalized (`--embd-normalize`, llama-server's numbering: -1 none,
+    /// 0 max-abs to int16, 1 taxicab, 2 euclidean, p > 2 p-norm); `None`: 2.
+    pub embd_normalize: Option<i32>,
+    /// Most inputs one embeddings request may carry (`--max-batch-inputs`); 0: the default.
+    pub max_batch_inputs: usize,
 }
 
 /// Shared handler state.

@@ -18,6 +18,8 @@ pub struct Cli {
 pub enum Command {
     /// Generate text from a prompt.
     Generate(GenerateArgs),
+    /// Embed texts with an embedding model (one line of numbers per text, or --json).
+    Embed(crate::cmd::embed::EmbedArgs),
     /// Measure prompt processing (ppN) and generation (tgN) speed, llama-bench style.
     Bench(BenchArgs),
     /// List the models in kiln's cache and the Hugging Face cache.

@@ -15,6 +15,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(cli::Command::Generate(args)) => cmd::generate::run(args),
         Some(cli::Command::Bench(args)) => cmd::bench::run(args),
+        Some(cli::Command::Embed(args)) => cmd::embed::run(args),
         Some(cli::Command::Models(args)) => cmd::models::run(args),
         Some(cli::Command::Pull(args)) => cmd::pull::run(args),
         Some(cli::Command::Fit(args)) => cmd::fit::run(args),

@@ -171,9 +171,13 @@ pub async fn handler(
         // Anthropic's API answers exactly this; its SDKs make the field mandatory too.
         return Err(ApiError::bad_request("max_tokens: Field required").flavor(f));
     };
-    let lease = crate::models::acquire(&state.models, req.model.as_ref(), req.keep_alive.as_ref())
-        .await
-        .map_err(|e| e.flavor(f))?;
+    let lease = crate::models::acquire_generative(
+        &state.models,
+        req.model.as_ref(),
+        req.keep_alive.as_ref(),
+    )
+    .await
+    .map_err(|e| e.flavor(f))?;
     let model = lease.model().clone();
     let adapters = crate::adapters::resolve_for(&model, req.adapter.as_ref(), req.model.as_ref())
         .map_err(|e| e.flavor(f))?;
@@ -249,7 +253,7 @@ pub async fn count_tokens(
 ) -> Result<Response, ApiError> {
     let f = Flavor::Anthropic;
     let req: MessagesRequest = parse_request(body, f)?;
-    let lease = crate::models::acquire(&state.models, req.model.as_ref(), None)
+    let lease = crate::models::acquire_generative(&state.models, req.model.as_ref(), None)
         .await
         .map_err(|e| e.flavor(f))?;
     let model = lease.model().clone();

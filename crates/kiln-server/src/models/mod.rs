@@ -181,6 +181,27 @@ pub fn model_name(field: Option<&serde_json::Value>) -> Result<Option<&str>, Api
     }
 }
 
+/// [`acquire`] for a generation endpoint: an embedding model is a 400 naming it.
+pub async fn acquire_generative(
+    models: &Arc<Models>,
+    model: Option<&serde_json::Value>,
+    keep_alive: Option<&serde_json::Value>,
+) -> Result<ModelLease, ApiError> {
+    let lease = acquire(models, model, keep_alive).await?;
+    if lease.info.embedding.is_some() {
+        return Err(not_generative(&lease.info.id));
+    }
+    Ok(lease)
+}
+
+/// The refusal of a generation request for embedding model `id`.
+pub fn not_generative(id: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "model {id} is an embedding model: it answers /v1/embeddings, not generation"
+    ))
+    .with_code("model_not_generative")
+}
+
 /// The request's model, loaded if needed, with the request's `keep_alive` applied.
 pub async fn acquire(
     models: &Arc<Models>,

@@ -115,8 +115,12 @@ pub async fn handler(
         },
     };
     let stop = parse_stop(req.stop.as_ref(), "stop")?;
-    let lease =
-        crate::models::acquire(&state.models, req.model.as_ref(), req.keep_alive.as_ref()).await?;
+    let lease = crate::models::acquire_generative(
+        &state.models,
+        req.model.as_ref(),
+        req.keep_alive.as_ref(),
+    )
+    .await?;
     let model = lease.model().clone();
     let sampling =
         req.sampling

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod dataset;
+pub mod embed;
 pub mod eval;
 pub mod fit;
 pub mod fuse;

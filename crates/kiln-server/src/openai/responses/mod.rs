@@ -287,8 +287,12 @@ pub async fn handler(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: ResponsesRequest = parse_request(body, Flavor::OpenAi)?;
-    let lease =
-        crate::models::acquire(&state.models, req.model.as_ref(), req.keep_alive.as_ref()).await?;
+    let lease = crate::models::acquire_generative(
+        &state.models,
+        req.model.as_ref(),
+        req.keep_alive.as_ref(),
+    )
+    .await?;
     let model = lease.model().clone();
     let (st, m) = (state.clone(), model.clone());
     let (req, plan) = blocking(Flavor::OpenAi, move || {

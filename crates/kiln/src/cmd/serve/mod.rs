@@ -104,6 +104,13 @@ pub struct ServeArgs {
     /// keep_alive.
     #[arg(long, default_value = "5m", value_parser = parse_keep_alive)]
     pub keep_alive: KeepAlive,
+    /// How embeddings are normalized, as llama-server numbers it: -1 none, 0 max-abs to int16,
+    /// 1 taxicab, 2 euclidean, p > 2 p-norm.
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true)]
+    pub embd_normalize: i32,
+    /// Most inputs one embeddings request may carry; more is a 400.
+    #[arg(long, default_value_t = kiln_server::embeddings::DEFAULT_MAX_BATCH_INPUTS)]
+    pub max_batch_inputs: usize,
     /// Seconds a request for a model waits for busy models to free the room or seat it needs
     /// before it gets a 503.
     #[arg(long, default_value_t = 120.0)]
@@ -146,6 +153,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_tokens == Some(0) {
         bail!("--max-tokens must be at least 1");
     }
+    if args.max_batch_inputs == 0 {
+        bail!("--max-batch-inputs must be at least 1");
+    }
     if args.models_max == 0 {
         bail!("--models-max must be at least 1");
     }
@@ -177,6 +187,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         cors_origin: args.cors_origin.clone(),
         body_limit: kiln_server::DEFAULT_BODY_LIMIT,
         limits,
+        embd_normalize: Some(args.embd_normalize),
+        max_batch_inputs: args.max_batch_inputs,
         adapter_dirs: vec![
             args.adapters_dir
                 .clone()
