@@ -93,7 +93,7 @@ pub fn embedding_from_hf(dir: &Path) -> Result<Option<EmbeddingConfig>, ModelErr
 
 /// The pooling a Pooling module's `config.json` names: `pooling_mode` (sentence-transformers
 /// 5 and later) or the older `pooling_mode_*` flags.
-fn pooling_of(path: &Path, cfg: &Value) -> Result<Pooling, ModelError> {
+pub fn pooling_of(path: &Path, cfg: &Value) -> Result<Pooling, ModelError> {
     let by_name = |name: &str| match name {
         "mean" | "mean_tokens" => Some(Pooling::Mean),
         "cls" | "cls_token" => Some(Pooling::Cls),
@@ -202,5 +202,46 @@ mod tests {
             .is_err()
         );
         assert!(pooling_of(p, &json!({})).is_err());
+    }
+
+    fn gguf_with(
+        meta: Vec<(String, crate::gguf::MetaValue)>,
+    ) -> (tempfile::TempDir, crate::gguf::GgufFile) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        crate::gguf::GgufWriter::create(&path, &meta, vec![])
+            .unwrap()
+            .finish()
+            .unwrap();
+        let file = crate::gguf::GgufFile::open(&path).unwrap();
+        (dir, file)
+    }
+
+    #[test]
+    fn reads_gguf_pooling_type() {
+        use crate::gguf::MetaValue;
+        let p = Path::new("m.gguf");
+        let at = |v: MetaValue| {
+            let (_d, f) = gguf_with(vec![("qwen3.pooling_type".into(), v)]);
+            embedding_from_gguf(p, f.header(), "qwen3")
+        };
+        let last = at(MetaValue::U32(3)).unwrap().unwrap();
+        assert_eq!((last.pooling, last.normalize), (Pooling::Last, true));
+        assert_eq!(
+            at(MetaValue::U32(1)).unwrap().unwrap().pooling,
+            Pooling::Mean
+        );
+        assert_eq!(
+            at(MetaValue::U32(2)).unwrap().unwrap().pooling,
+            Pooling::Cls
+        );
+        assert_eq!(at(MetaValue::U32(0)).unwrap(), None);
+        assert!(
+            at(MetaValue::U32(4)).is_err(),
+            "rank pooling is a reranker's"
+        );
+        assert!(at(MetaValue::String("last".into())).is_err());
+        let (_d, f) = gguf_with(vec![]);
+        assert_eq!(embedding_from_gguf(p, f.header(), "qwen3").unwrap(), None);
     }
 }
