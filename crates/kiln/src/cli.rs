@@ -165,6 +165,10 @@ pub struct BenchArgs {
     /// base weights as `kiln serve --adapter` does.
     #[arg(long, value_name = "PATH")]
     pub adapter: Option<std::path::PathBuf>,
+    /// Embedding throughput instead (an embedding model): embed this many inputs of
+    /// `--prompt-tokens` random tokens per request, `--repetitions` times; reports inputs/s.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub embed_inputs: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

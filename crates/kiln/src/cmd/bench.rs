@@ -17,6 +17,101 @@ struct Row {
     result: BenchResult,
 }
 
+/// One embedding-throughput measurement.
+#[derive(Serialize)]
+struct EmbedRow {
+    model: String,
+    threads: usize,
+    inputs: usize,
+    tokens_per_input: usize,
+    inputs_per_sec_median: f64,
+    inputs_per_sec_min: f64,
+    inputs_per_sec_max: f64,
+    tokens_per_sec_median: f64,
+}
+
+/// `kiln bench --embed-inputs N`: requests of N inputs of `--prompt-tokens` random tokens,
+/// embedded as the server does (one engine job, inputs batched over the KV slots).
+fn run_embed(args: &BenchArgs, threads: &[usize]) -> Result<()> {
+    if args.prompt_tokens == 0 {
+        anyhow::bail!("--prompt-tokens must be at least 1 for an embedding benchmark");
+    }
+    let mut rows = Vec::new();
+    for &t in threads {
+        set_threads(Some(t))?;
+        let rt = RuntimeArgs {
+            threads: Some(t),
+            ctx: Some(args.prompt_tokens.max(16)),
+            dense: args.dense,
+            kv: args.kv.clone(),
+        };
+        let mut engine = load_engine_with(&args.model, &rt, |o, _| {
+            o.slots = args.embed_inputs.clamp(1, 64);
+            o.batch_tokens = o.batch_tokens.max(args.prompt_tokens);
+            Ok(())
+        })?;
+        if !engine.is_embedding_model() {
+            anyhow::bail!(
+                "{} is not an embedding model (it declares no pooling)",
+                args.model
+            );
+        }
+        let vocab = engine.model().config.vocab_size as u64;
+        // A fixed pseudo-random sequence: every run embeds the same inputs.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % vocab) as u32
+        };
+        let inputs: Vec<Vec<u32>> = (0..args.embed_inputs)
+            .map(|_| (0..args.prompt_tokens).map(|_| next()).collect())
+            .collect();
+        engine.embed(&inputs[..1])?;
+        let mut rates: Vec<f64> = (0..args.repetitions.max(1))
+            .map(|_| {
+                let started = std::time::Instant::now();
+                engine
+                    .embed(&inputs)
+                    .map(|_| inputs.len() as f64 / started.elapsed().as_secs_f64())
+            })
+            .collect::<Result<_, _>>()?;
+        rates.sort_by(f64::total_cmp);
+        let median = rates[rates.len() / 2];
+        rows.push(EmbedRow {
+            model: args.model.clone(),
+            threads: t,
+            inputs: args.embed_inputs,
+            tokens_per_input: args.prompt_tokens,
+            inputs_per_sec_median: median,
+            inputs_per_sec_min: rates[0],
+            inputs_per_sec_max: rates[rates.len() - 1],
+            tokens_per_sec_median: median * args.prompt_tokens as f64,
+        });
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!("| model | threads | test | inputs/s (median) | min | max | tokens/s |");
+    println!("| --- | ---: | --- | ---: | ---: | ---: | ---: |");
+    for r in &rows {
+        println!(
+            "| {} | {} | embed {}x{} | {:.2} | {:.2} | {:.2} | {:.0} |",
+            r.model,
+            r.threads,
+            r.inputs,
+            r.tokens_per_input,
+            r.inputs_per_sec_median,
+            r.inputs_per_sec_min,
+            r.inputs_per_sec_max,
+            r.tokens_per_sec_median
+        );
+    }
+    Ok(())
+}
+
 /// Runs the benchmark for each thread count and prints a table (or JSON).
 pub fn run(args: BenchArgs) -> Result<()> {
     let threads = if args.threads.is_empty() {
@@ -24,6 +119,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         args.threads.clone()
     };
+    if args.embed_inputs > 0 {
+        return run_embed(&args, &threads);
+    }
     if args.batch.iter().any(|&b| b == 0 || b > 256) {
         anyhow::bail!("--batch sizes must be between 1 and 256");
     }
