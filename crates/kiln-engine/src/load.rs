@@ -74,6 +74,12 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> Result<LoadedModel<B>
     eos_ids.extend(tokenizer.eos_ids());
     eos_ids.sort_unstable();
     eos_ids.dedup();
+    if files.config.arch == kiln_model::config::Architecture::Bert && files.embedding.is_none() {
+        return Err(EngineError::Request(format!(
+            "{}: a BERT encoder serves embeddings only, and this folder names no pooling (sentence-transformers' modules.json and 1_Pooling/config.json)",
+            path.display()
+        )));
+    }
     let model = Model::load_for(
         backend,
         files.tensors(),

@@ -133,3 +133,30 @@ fn qwen3_mean_pooling_unnormalized_matches_sentence_transformers() {
     assert!(!e.model().embedding.unwrap().normalize);
     check(e, "qwen3-mean");
 }
+
+#[test]
+fn bert_cls_pooling_matches_sentence_transformers_on_both_backends() {
+    let cpu = CpuBackend::new(CpuOptions { dense: false });
+    check(
+        engine(cpu, "bert-cls", 2, KvScheme::dense(DenseDtype::default())),
+        "bert-cls",
+    );
+    check(
+        engine(
+            ReferenceBackend,
+            "bert-cls",
+            3,
+            KvScheme::dense(DenseDtype::F32),
+        ),
+        "bert-cls",
+    );
+}
+
+#[test]
+fn bert_mean_pooling_matches_sentence_transformers() {
+    let cpu = CpuBackend::new(CpuOptions { dense: false });
+    check(
+        engine(cpu, "bert-mean", 2, KvScheme::dense(DenseDtype::default())),
+        "bert-mean",
+    );
+}

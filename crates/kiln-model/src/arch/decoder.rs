@@ -260,6 +260,7 @@ pub(crate) fn forward_layer<B: Backend>(
         head_dim: hd,
         scale: cfg.attention_scale,
         window,
+        causal: true,
     };
     let attn = b.attention(kv, index, &q, &k, &v, ctx.batch, &params)?;
     let mut o = b.matmul(&attn, &a.o)?;

@@ -2,6 +2,7 @@
 //! that Llama, Qwen2, Qwen3 and Gemma 3 share lives in `decoder`; each architecture's file says
 //! which tensors it has and how its block differs.
 
+mod bert;
 mod decoder;
 mod gemma3;
 mod llama;

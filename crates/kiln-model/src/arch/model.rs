@@ -1,6 +1,7 @@
 //! A loaded model: weights on a backend plus its config. Stateless across calls: the KV store is
 //! the caller's.
 
+use super::bert;
 use super::decoder::{self, ForwardCtx, Layer};
 use super::{gemma3, llama, qwen2, qwen3};
 use crate::ModelError;
@@ -55,8 +56,11 @@ pub struct Model<B: Backend> {
     config: ModelConfig,
     embed: B::Matrix,
     layers: Vec<Layer<B>>,
-    norm: B::Vector,
+    /// The final norm (`None` for an encoder, whose layers end normed).
+    norm: Option<B::Vector>,
     lm_head: Option<B::Matrix>,
+    /// A BERT encoder's own tensors (`None` for decoders).
+    encoder: Option<Box<bert::Encoder<B>>>,
     inv_freq_global: Vec<f32>,
     inv_freq_local: Vec<f32>,
 }
@@ -94,6 +98,7 @@ impl<B: Backend> Model<B> {
             Architecture::Qwen2 => &qwen2::SPEC,
             Architecture::Qwen3 => &qwen3::SPEC,
             Architecture::Gemma3 => &gemma3::SPEC,
+            Architecture::Bert => return Self::load_encoder(backend, src, config),
         };
         let (v, h) = (config.vocab_size, config.hidden_size);
         let embed = decoder::matrix_as(
@@ -120,7 +125,7 @@ impl<B: Backend> Model<B> {
         let layers = (0..config.num_layers)
             .map(|i| decoder::load_layer(backend, src, &config, i, spec))
             .collect::<Result<Vec<_>, _>>()?;
-        let norm = decoder::vector(backend, src, "model.norm.weight", h)?;
+        let norm = Some(decoder::vector(backend, src, "model.norm.weight", h)?);
         Ok(Self {
             inv_freq_global: config.rope_global.inv_freq(config.head_dim),
             inv_freq_local: config.rope_local.inv_freq(config.head_dim),
@@ -129,6 +134,29 @@ impl<B: Backend> Model<B> {
             layers,
             norm,
             lm_head,
+            encoder: None,
+        })
+    }
+
+    /// A BERT encoder: embeddings only, no decoder layers or head.
+    fn load_encoder(
+        backend: &B,
+        src: &dyn TensorSource,
+        config: ModelConfig,
+    ) -> Result<Self, ModelError> {
+        let (v, h) = (config.vocab_size, config.hidden_size);
+        let name = bert::word_embeddings(src);
+        let embed = decoder::matrix_as(backend, src, &name, MatrixRole::Embedding, v, h)?;
+        let encoder = bert::Encoder::load(backend, src, &config)?;
+        Ok(Self {
+            inv_freq_global: Vec::new(),
+            inv_freq_local: Vec::new(),
+            config,
+            embed,
+            layers: Vec::new(),
+            norm: None,
+            lm_head: None,
+            encoder: Some(Box::new(encoder)),
         })
     }
 
@@ -306,12 +334,15 @@ impl<B: Backend> Model<B> {
     }
 
     fn final_norm(&self, b: &B, x: &B::Act) -> B::Act {
-        b.rms_norm(
-            x,
-            &self.norm,
-            self.config.rms_norm_eps,
-            self.config.norm_weight_offset,
-        )
+        match &self.norm {
+            Some(norm) => b.rms_norm(
+                x,
+                norm,
+                self.config.rms_norm_eps,
+                self.config.norm_weight_offset,
+            ),
+            None => x.clone(),
+        }
     }
 
     /// Runs `tokens` through the model (each span whole, from position 0 of its slot) and
@@ -330,6 +361,17 @@ impl<B: Backend> Model<B> {
                 "a pooled forward runs each input whole, from position 0".into(),
             ));
         }
+        if let Some(enc) = &self.encoder {
+            self.check_batch(kv, tokens, batch)?;
+            for s in &batch.spans {
+                kv.set_seq_len(s.slot, 0);
+            }
+            let out = enc.pooled(b, kv, &self.embed, &self.config, tokens, batch, pooling)?;
+            for s in &batch.spans {
+                kv.set_seq_len(s.slot, s.n_tokens);
+            }
+            return Ok(out);
+        }
         let x = self.layers_out(b, kv, tokens, batch, Resume::default(), &[])?;
         let h = self.config.hidden_size;
         let out = match pooling {
@@ -340,20 +382,7 @@ impl<B: Backend> Model<B> {
                 };
                 b.to_host(&self.final_norm(b, &b.gather_rows(&x, &rows)))
             }
-            Pooling::Mean => {
-                let all = b.to_host(&self.final_norm(b, &x));
-                let mut out = vec![0f32; batch.spans.len() * h];
-                let mut start = 0;
-                for (i, s) in batch.spans.iter().enumerate() {
-                    let dst = &mut out[i * h..(i + 1) * h];
-                    for row in all[start * h..(start + s.n_tokens) * h].chunks_exact(h) {
-                        dst.iter_mut().zip(row).for_each(|(d, v)| *d += v);
-                    }
-                    dst.iter_mut().for_each(|d| *d /= s.n_tokens as f32);
-                    start += s.n_tokens;
-                }
-                out
-            }
+            Pooling::Mean => mean_rows(&b.to_host(&self.final_norm(b, &x)), batch, h),
         };
         for s in &batch.spans {
             kv.set_seq_len(s.slot, s.n_tokens);
@@ -477,4 +506,19 @@ fn span_rows(batch: &BatchLayout, pick: impl Fn(usize, usize) -> usize) -> Vec<u
             row
         })
         .collect()
+}
+
+/// The mean of each span's rows of `all` (row-major, `h` wide): mean pooling.
+pub(super) fn mean_rows(all: &[f32], batch: &BatchLayout, h: usize) -> Vec<f32> {
+    let mut out = vec![0f32; batch.spans.len() * h];
+    let mut start = 0;
+    for (i, s) in batch.spans.iter().enumerate() {
+        let dst = &mut out[i * h..(i + 1) * h];
+        for row in all[start * h..(start + s.n_tokens) * h].chunks_exact(h) {
+            dst.iter_mut().zip(row).for_each(|(d, v)| *d += v);
+        }
+        dst.iter_mut().for_each(|d| *d /= s.n_tokens as f32);
+        start += s.n_tokens;
+    }
+    out
 }

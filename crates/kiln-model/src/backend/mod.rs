@@ -110,6 +110,9 @@ pub struct AttentionParams {
     pub scale: f32,
     /// Sliding window (positions visible, the query's own included), if any.
     pub window: Option<usize>,
+    /// Whether a query sees only earlier positions (decoders) or every position of its span
+    /// (encoders: BERT).
+    pub causal: bool,
 }
 
 /// The size of a KV store.
@@ -443,6 +446,28 @@ pub trait Backend: Send + Sync {
     ) -> Result<Self::Act, ModelError>;
     /// `act(gate) * up`.
     fn glu(&self, gate: &Self::Act, up: &Self::Act, act: Activation) -> Self::Act;
+    /// LayerNorm of each row, `(x - mean) / sqrt(var + eps) * w + b` (encoders: BERT).
+    fn layer_norm(
+        &self,
+        x: &Self::Act,
+        w: &Self::Vector,
+        b: &Self::Vector,
+        eps: f32,
+    ) -> Result<Self::Act, ModelError> {
+        let _ = (x, w, b, eps);
+        Err(ModelError::Forward(format!(
+            "the {} backend has no LayerNorm",
+            self.name()
+        )))
+    }
+    /// The exact (erf) GELU of every element (encoders: BERT).
+    fn gelu(&self, x: &Self::Act) -> Result<Self::Act, ModelError> {
+        let _ = x;
+        Err(ModelError::Forward(format!(
+            "the {} backend has no GELU",
+            self.name()
+        )))
+    }
     /// `x += y`.
     fn add_assign(&self, x: &mut Self::Act, y: &Self::Act);
     /// Keeps the given rows, in that order.

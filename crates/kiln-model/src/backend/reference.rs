@@ -243,10 +243,16 @@ impl Backend for ReferenceBackend {
             for t in 0..span.n_tokens {
                 let pos = span.start_pos + t;
                 let first = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                // An encoder sees its whole span.
+                let last = if p.causal {
+                    pos
+                } else {
+                    span.start_pos + span.n_tokens - 1
+                };
                 for h in 0..p.n_heads {
                     let kvh = h / (p.n_heads / p.n_kv_heads);
                     let qh = &q.row(row + t)[h * hd..(h + 1) * hd];
-                    let scores: Vec<f64> = (first..=pos)
+                    let scores: Vec<f64> = (first..=last)
                         .map(|j| {
                             let kj = &keys[j][kvh * hd..(kvh + 1) * hd];
                             qh.iter()
@@ -261,7 +267,7 @@ impl Backend for ReferenceBackend {
                     let total: f64 = exps.iter().sum();
                     for d in 0..hd {
                         let mut acc = 0f64;
-                        for (e, j) in exps.iter().zip(first..=pos) {
+                        for (e, j) in exps.iter().zip(first..=last) {
                             acc += e * values[j][kvh * hd + d] as f64;
                         }
                         out.data[(row + t) * p.n_heads * hd + h * hd + d] = (acc / total) as f32;
@@ -269,6 +275,36 @@ impl Backend for ReferenceBackend {
                 }
             }
             row += span.n_tokens;
+        }
+        Ok(out)
+    }
+
+    fn layer_norm(
+        &self,
+        x: &HostAct,
+        w: &Vec<f32>,
+        b: &Vec<f32>,
+        eps: f32,
+    ) -> Result<HostAct, ModelError> {
+        let mut out = x.clone();
+        for r in 0..x.rows {
+            let row = &mut out.data[r * x.cols..(r + 1) * x.cols];
+            let n = row.len() as f64;
+            let mean = row.iter().map(|&v| v as f64).sum::<f64>() / n;
+            let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+            for (j, v) in row.iter_mut().enumerate() {
+                let normed = (*v as f64 - mean) / (var + eps as f64).sqrt();
+                *v = (normed * w[j] as f64 + b[j] as f64) as f32;
+            }
+        }
+        Ok(out)
+    }
+
+    fn gelu(&self, x: &HostAct) -> Result<HostAct, ModelError> {
+        let mut out = x.clone();
+        for v in &mut out.data {
+            let z = *v as f64;
+            *v = (0.5 * z * (1.0 + libm::erf(z / std::f64::consts::SQRT_2))) as f32;
         }
         Ok(out)
     }

@@ -123,6 +123,7 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
         "gemma3_text" | "gemma3" => Architecture::Gemma3,
+        "bert" => Architecture::Bert,
         other => {
             return Err(ModelError::UnsupportedArchitecture {
                 path: path.into(),
@@ -191,6 +192,12 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
         .or_else(|| json.get("hidden_act"))
         .and_then(Value::as_str)
         .unwrap_or(if gemma { "gelu_pytorch_tanh" } else { "silu" });
+    if arch == Architecture::Bert && act_name != "gelu" {
+        return Err(f.err(
+            "hidden_act",
+            format!("a BERT encoder with {act_name:?} is not supported (exact \"gelu\" is)"),
+        ));
+    }
     let activation = match act_name {
         "silu" | "swish" => Activation::Silu,
         "gelu_pytorch_tanh" | "gelu_tanh" | "gelu" => Activation::GeluTanh,
@@ -214,15 +221,19 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
         num_heads,
         num_kv_heads: f.opt_usize("num_key_value_heads")?.unwrap_or(num_heads),
         head_dim,
-        rms_norm_eps: f.opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
+        rms_norm_eps: match arch {
+            Architecture::Bert => f.opt_f32("layer_norm_eps")?.unwrap_or(1e-12),
+            _ => f.opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
+        },
         layer_attention,
         rope_global,
         rope_local,
         max_position_embeddings: f.opt_usize("max_position_embeddings")?.unwrap_or(4096),
-        tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(gemma),
+        tie_word_embeddings: arch == Architecture::Bert
+            || f.opt_bool("tie_word_embeddings")?.unwrap_or(gemma),
         activation,
         attention_scale: 1.0 / query_scale.sqrt(),
-        attention_bias: arch == Architecture::Qwen2
+        attention_bias: matches!(arch, Architecture::Qwen2 | Architecture::Bert)
             || f.opt_bool("attention_bias")?.unwrap_or(false),
         qk_norm: matches!(arch, Architecture::Qwen3 | Architecture::Gemma3),
         norm_weight_offset: if gemma { 1.0 } else { 0.0 },

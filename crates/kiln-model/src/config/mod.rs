@@ -33,6 +33,9 @@ pub enum Architecture {
     Qwen3,
     /// Gemma 3 text: sandwich norms, interleaved sliding/global attention, scaled embeddings.
     Gemma3,
+    /// BERT encoders (bge, e5, all-MiniLM): bidirectional attention, post-LayerNorm, GELU,
+    /// learned absolute positions; embeddings only.
+    Bert,
 }
 
 impl Architecture {
@@ -43,6 +46,7 @@ impl Architecture {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Gemma3 => "gemma3",
+            Self::Bert => "bert",
         }
     }
 }

@@ -459,6 +459,11 @@ impl Backend for TapeBackend {
             spans.push((start, s.n_tokens));
             start += s.n_tokens;
         }
+        if !params.causal {
+            return Err(ModelError::Forward(
+                "training runs decoders: bidirectional attention has no backward".into(),
+            ));
+        }
         let shape = attention::Shape {
             n_heads: params.n_heads,
             n_kv_heads: params.n_kv_heads,

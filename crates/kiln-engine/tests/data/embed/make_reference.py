@@ -17,7 +17,9 @@ from sentence_transformers import SentenceTransformer, models
 from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+from tokenizers.models import WordPiece
+from tokenizers.trainers import WordPieceTrainer
+from transformers import BertConfig, BertModel, BertTokenizerFast, PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = [
@@ -88,9 +90,65 @@ def qwen3(out, pooling, normalize, seed=0):
     return st, fast
 
 
+def wordpiece():
+    """A lowercasing WordPiece vocabulary trained on the corpus, with BERT's special tokens."""
+    from tokenizers import normalizers
+    tok = Tokenizer(WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = WordPieceTrainer(vocab_size=240, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tok.train_from_iterator(CORPUS + INPUTS, trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    tok.decoder = decoders.WordPiece()
+    return tok
+
+
+def bert(out, pooling, normalize, seed):
+    tok = wordpiece()
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=128, max_position_embeddings=128,
+                     type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu")
+    model = BertModel(cfg, add_pooling_layer=False)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name:
+                p.uniform_(0.5, 1.5) if name.endswith("weight") else p.normal_(0.0, 0.1)
+            else:
+                p.normal_(0.0, 0.2)
+    model.eval()
+    raw = os.path.join(out, "_raw")
+    model.save_pretrained(raw, safe_serialization=True)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]",
+                                   sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]")
+    fast.save_pretrained(raw)
+    word = models.Transformer(raw, max_seq_length=128)
+    pool = models.Pooling(word.get_embedding_dimension(), pooling_mode=pooling)
+    modules = [word, pool] + ([models.Normalize()] if normalize else [])
+    st = SentenceTransformer(modules=modules, device="cpu")
+    st.save(out)
+    shutil.rmtree(raw)
+    readme = os.path.join(out, "README.md")
+    if os.path.exists(readme):
+        os.remove(readme)
+    return st, fast
+
+
+def bert_cls(out):
+    return bert(out, "cls", normalize=True, seed=2)
+
+
+def bert_mean(out):
+    return bert(out, "mean", normalize=False, seed=3)
+
+
 def main():
     expected = {}
-    for name, make in [("qwen3-last", qwen3_last), ("qwen3-mean", qwen3_mean)]:
+    for name, make in [("qwen3-last", qwen3_last), ("qwen3-mean", qwen3_mean),
+                       ("bert-cls", bert_cls), ("bert-mean", bert_mean)]:
         out = os.path.join(HERE, name)
         shutil.rmtree(out, ignore_errors=True)
         st, fast = make(out)

@@ -54,9 +54,15 @@ pub(crate) fn attention(
     }
     let mut out = HostAct::zeros(q.rows, p.n_heads * p.head_dim);
     let kv_ref = &*kv;
-    let visible = |pos: usize| match p.window {
-        Some(w) => (pos + 1).saturating_sub(w)..pos + 1,
-        None => 0..pos + 1,
+    // An encoder's query sees its whole span: up to the span's end in its slot.
+    let mut span_end = std::collections::HashMap::new();
+    for span in &batch.spans {
+        span_end.insert(span.slot, span.start_pos + span.n_tokens);
+    }
+    let visible = |slot: usize, pos: usize| match (p.causal, p.window) {
+        (false, _) => 0..span_end.get(&slot).copied().unwrap_or(pos + 1),
+        (true, Some(w)) => (pos + 1).saturating_sub(w)..pos + 1,
+        (true, None) => 0..pos + 1,
     };
     // Chosen per span, never from the whole batch: a one-token span (decode) always takes the
     // split path and a longer one the block path, so a sequence's numbers do not depend on
@@ -112,7 +118,7 @@ fn block_attention(
     q: &HostAct,
     queries: &[(usize, usize)],
     runs: &[Range<usize>],
-    visible: &(dyn Fn(usize) -> Range<usize> + Sync),
+    visible: &(dyn Fn(usize, usize) -> Range<usize> + Sync),
     p: &AttentionParams,
     out: &mut HostAct,
 ) {
@@ -153,7 +159,7 @@ struct BlockRun<'a> {
     slot: usize,
     rows: Range<usize>,
     queries: &'a [(usize, usize)],
-    visible: &'a (dyn Fn(usize) -> Range<usize> + Sync),
+    visible: &'a (dyn Fn(usize, usize) -> Range<usize> + Sync),
 }
 
 /// Attention of every query head of KV head `g` for the rows of `run`, written (normalised and
@@ -170,7 +176,7 @@ fn attend_block(
 ) {
     let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
     let width = p.n_heads * hd;
-    let vis = |r: usize| (run.visible)(run.queries[r].1);
+    let vis = |r: usize| (run.visible)(run.slot, run.queries[r].1);
     let lo = run.rows.clone().map(|r| vis(r).start).min().unwrap_or(0);
     let hi = run.rows.clone().map(|r| vis(r).end).max().unwrap_or(0);
     let n = hi - lo;
@@ -265,7 +271,7 @@ fn split_attention(
     q: &HostAct,
     queries: &[(usize, usize)],
     rows: &[usize],
-    visible: &(dyn Fn(usize) -> std::ops::Range<usize> + Sync),
+    visible: &(dyn Fn(usize, usize) -> std::ops::Range<usize> + Sync),
     p: &AttentionParams,
     out: &mut HostAct,
 ) {
@@ -273,7 +279,7 @@ fn split_attention(
     // (query row, KV head, key range) of every part, parts of one (query, head) adjacent.
     let mut parts = Vec::new();
     for &qi in rows {
-        let range = visible(queries[qi].1);
+        let range = visible(queries[qi].0, queries[qi].1);
         for g in 0..p.n_kv_heads {
             for start in range.clone().step_by(SPLIT_LEN) {
                 parts.push((qi, g, start..(start + SPLIT_LEN).min(range.end)));
@@ -507,6 +513,7 @@ mod tests {
             head_dim: hd,
             scale: 0.125,
             window: None,
+            causal: true,
         };
         let layout = KvLayout {
             n_layers: 1,

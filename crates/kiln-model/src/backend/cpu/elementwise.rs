@@ -50,3 +50,24 @@ pub(crate) fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
 }
+
+/// BERT's LayerNorm of one row in place: mean and variance in f64, then `w` and `b`.
+pub(crate) fn layer_norm_in_place(row: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    let n = row.len().max(1) as f64;
+    let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+    let var = row
+        .iter()
+        .map(|&v| (f64::from(v) - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    let inv = 1.0 / (var + f64::from(eps)).sqrt();
+    for ((v, w), b) in row.iter_mut().zip(w).zip(b) {
+        *v = ((f64::from(*v) - mean) * inv) as f32 * w + b;
+    }
+}
+
+/// The exact GELU, `x/2 · (1 + erf(x/√2))`, as BERT's `gelu` is.
+pub(crate) fn gelu_erf(x: f32) -> f32 {
+    let x = f64::from(x);
+    (0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))) as f32
+}

@@ -467,6 +467,45 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn layer_norm(
+        &self,
+        x: &HostAct,
+        w: &Vec<f32>,
+        b: &Vec<f32>,
+        eps: f32,
+    ) -> Result<HostAct, ModelError> {
+        let _timer = Timer::new(&self.other_ns);
+        if w.len() != x.cols || b.len() != x.cols {
+            return Err(ModelError::Forward(format!(
+                "LayerNorm of width {} on rows of {}",
+                w.len(),
+                x.cols
+            )));
+        }
+        let data = new_par_rows(x.rows, x.cols, |r, row| {
+            row.copy_from_slice(x.row(r));
+            elementwise::layer_norm_in_place(row, w, b, eps)
+        });
+        Ok(HostAct {
+            data,
+            rows: x.rows,
+            cols: x.cols,
+        })
+    }
+
+    fn gelu(&self, x: &HostAct) -> Result<HostAct, ModelError> {
+        let _timer = Timer::new(&self.other_ns);
+        let data = new_par_rows(x.rows, x.cols, |r, row| {
+            row.copy_from_slice(x.row(r));
+            row.iter_mut().for_each(|v| *v = elementwise::gelu_erf(*v));
+        });
+        Ok(HostAct {
+            data,
+            rows: x.rows,
+            cols: x.cols,
+        })
+    }
+
     fn add_assign(&self, x: &mut HostAct, y: &HostAct) {
         let _timer = Timer::new(&self.other_ns);
         let cols = x.cols;
