@@ -16,6 +16,16 @@ impl<B: Backend> Engine<B> {
     /// together, at most one per KV slot and `batch_tokens` tokens per forward (an input
     /// longer than that runs alone); each must fit the context.
     pub fn embed(&mut self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.embed_typed(inputs, None)
+    }
+
+    /// [`Engine::embed`] with each input's token types (an encoder's pair inputs: a reranker's
+    /// query and document); a reranker gives one score per input.
+    pub fn embed_typed(
+        &mut self,
+        inputs: &[Vec<u32>],
+        types: Option<&[Vec<u32>]>,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
         let Some(cfg) = self.model.embedding else {
             return Err(EngineError::Request(
                 "this model is not an embedding model (it declares no pooling)".into(),
@@ -37,14 +47,25 @@ impl<B: Backend> Engine<B> {
                 t.len()
             )));
         }
+        if let Some(t) = types
+            && (t.len() != inputs.len() || t.iter().zip(inputs).any(|(a, b)| a.len() != b.len()))
+        {
+            return Err(EngineError::Request(
+                "every input needs one token type per token".into(),
+            ));
+        }
         let slots = self.kv.layout().n_slots.max(1);
         let budget = self.options.batch_tokens;
-        let h = self.model.config.hidden_size;
+        let width = match cfg.pooling {
+            kiln_model::embedding::Pooling::Rank => 1,
+            _ => self.model.config.hidden_size,
+        };
         let mut out = Vec::with_capacity(inputs.len());
         let mut next = 0;
         while next < inputs.len() {
             let mut spans = Vec::new();
             let mut tokens = Vec::new();
+            let mut token_types = Vec::new();
             while next < inputs.len()
                 && spans.len() < slots
                 && (spans.is_empty() || tokens.len() + inputs[next].len() <= budget)
@@ -55,20 +76,25 @@ impl<B: Backend> Engine<B> {
                     n_tokens: inputs[next].len(),
                 });
                 tokens.extend_from_slice(&inputs[next]);
+                if let Some(t) = types {
+                    token_types.extend_from_slice(&t[next]);
+                }
                 next += 1;
             }
             let layout = BatchLayout { spans };
+            let typed = types.map(|_| token_types.as_slice());
             let pooled = self.model.model.pooled(
                 &self.backend,
                 &mut self.kv,
                 &tokens,
+                typed,
                 &layout,
                 cfg.pooling,
             )?;
             for s in &layout.spans {
                 self.kv.set_seq_len(s.slot, 0);
             }
-            out.extend(pooled.chunks_exact(h).map(<[f32]>::to_vec));
+            out.extend(pooled.chunks_exact(width).map(<[f32]>::to_vec));
         }
         Ok(out)
     }

@@ -160,3 +160,72 @@ fn bert_mean_pooling_matches_sentence_transformers() {
         "bert-mean",
     );
 }
+
+#[test]
+fn a_bert_cross_encoder_scores_pairs_as_transformers_does() {
+    let text = std::fs::read_to_string(data().join("expected.json")).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let rows = v["bert-rerank"].as_array().unwrap();
+    let ids = |key: &str| -> Vec<Vec<u32>> {
+        rows.iter()
+            .map(|r| {
+                r[key]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as u32)
+                    .collect()
+            })
+            .collect()
+    };
+    let (inputs, types) = (ids("ids"), ids("type_ids"));
+    let want: Vec<f32> = rows
+        .iter()
+        .map(|r| r["score"].as_f64().unwrap() as f32)
+        .collect();
+    for backend_is_cpu in [true, false] {
+        let scores = if backend_is_cpu {
+            let cpu = CpuBackend::new(CpuOptions { dense: false });
+            let mut e = engine(
+                cpu,
+                "bert-rerank",
+                2,
+                KvScheme::dense(DenseDtype::default()),
+            );
+            // The pair is tokenized as transformers does it: ids and token types.
+            let enc = e
+                .model()
+                .tokenizer
+                .inner()
+                .encode(
+                    (
+                        rows[0]["query"].as_str().unwrap(),
+                        rows[0]["document"].as_str().unwrap(),
+                    ),
+                    true,
+                )
+                .unwrap();
+            assert_eq!(enc.get_ids(), &inputs[0][..]);
+            assert_eq!(enc.get_type_ids(), &types[0][..]);
+            e.embed_typed(&inputs, Some(&types)).unwrap()
+        } else {
+            let mut e = engine(
+                ReferenceBackend,
+                "bert-rerank",
+                3,
+                KvScheme::dense(DenseDtype::F32),
+            );
+            e.embed_typed(&inputs, Some(&types)).unwrap()
+        };
+        let got: Vec<f32> = scores.iter().map(|s| s[0]).collect();
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() < 2e-3, "score {g} against {w}");
+        }
+        let order = |s: &[f32]| {
+            let mut i: Vec<usize> = (0..s.len()).collect();
+            i.sort_by(|&a, &b| s[b].total_cmp(&s[a]));
+            i
+        };
+        assert_eq!(order(&got), order(&want));
+    }
+}

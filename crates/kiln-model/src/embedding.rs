@@ -19,6 +19,9 @@ pub enum Pooling {
     Cls,
     /// The last token's state (decoder embedders: Qwen3-Embedding).
     Last,
+    /// A cross-encoder's relevance score of a (query, document) pair: the first token's
+    /// state through the pooler and a one-label classifier (rerankers).
+    Rank,
 }
 
 impl Pooling {
@@ -28,6 +31,7 @@ impl Pooling {
             Self::Mean => "mean",
             Self::Cls => "cls",
             Self::Last => "last",
+            Self::Rank => "rank",
         }
     }
 }
@@ -157,19 +161,37 @@ pub fn embedding_from_gguf(
         Some(1) => Pooling::Mean,
         Some(2) => Pooling::Cls,
         Some(3) => Pooling::Last,
+        Some(4) => Pooling::Rank,
         Some(n) => {
             return Err(bad(
                 path,
                 &key,
-                format!("pooling type {n} is not supported (1 mean, 2 cls, 3 last)"),
+                format!("pooling type {n} is not supported (1 mean, 2 cls, 3 last, 4 rank)"),
             ));
         }
         None => return Err(bad(path, &key, "must be an integer")),
     };
     Ok(Some(EmbeddingConfig {
         pooling,
-        normalize: true,
+        normalize: pooling != Pooling::Rank,
     }))
+}
+
+/// A Hugging Face cross-encoder (`…ForSequenceClassification` in `config.json`'s
+/// `architectures`): rank pooling, scores unnormalized.
+pub fn reranker_from_hf(config: &Value) -> Option<EmbeddingConfig> {
+    let classifier = config
+        .get("architectures")
+        .and_then(Value::as_array)
+        .is_some_and(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .any(|s| s.ends_with("ForSequenceClassification"))
+        });
+    classifier.then_some(EmbeddingConfig {
+        pooling: Pooling::Rank,
+        normalize: false,
+    })
 }
 
 #[cfg(test)]
@@ -236,9 +258,10 @@ mod tests {
             Pooling::Cls
         );
         assert_eq!(at(MetaValue::U32(0)).unwrap(), None);
-        assert!(
-            at(MetaValue::U32(4)).is_err(),
-            "rank pooling is a reranker's"
+        assert!(at(MetaValue::U32(5)).is_err(), "no pooling type 5");
+        assert_eq!(
+            at(MetaValue::U32(4)).unwrap().unwrap().pooling,
+            Pooling::Rank
         );
         assert!(at(MetaValue::String("last".into())).is_err());
         let (_d, f) = gguf_with(vec![]);

@@ -83,7 +83,13 @@ impl ModelFiles {
         // MLX-quantized folders run as they are; a non-MLX quantization_config fails here.
         let quantization = MlxQuantization::from_config(&config_path, &json)?;
         let source = SafetensorsSource::open_with_quantization(dir, quantization)?;
-        let embedding = crate::embedding::embedding_from_hf(dir)?;
+        let embedding = match crate::embedding::embedding_from_hf(dir)? {
+            Some(e) => Some(e),
+            None if config.arch == crate::config::Architecture::Bert => {
+                crate::embedding::reranker_from_hf(&json)
+            }
+            None => None,
+        };
         Ok(Self {
             path: dir.into(),
             format: ModelFormat::HfFolder,

@@ -32,12 +32,45 @@ struct EncoderLayer<B: Backend> {
     out_norm: Norm<B>,
 }
 
+/// A cross-encoder's head, on the host (it scores one row per pair): BERT's pooler
+/// (`tanh(W·x + b)` of the first token) and a one-label classifier.
+struct RankHead {
+    pool_w: Vec<f32>,
+    pool_b: Vec<f32>,
+    class_w: Vec<f32>,
+    class_b: f32,
+}
+
+impl RankHead {
+    fn score(&self, x: &[f32]) -> f32 {
+        let h = x.len();
+        let pooled = self
+            .pool_w
+            .chunks_exact(h)
+            .zip(&self.pool_b)
+            .map(|(row, b)| {
+                let z: f64 = row
+                    .iter()
+                    .zip(x)
+                    .map(|(w, v)| f64::from(*w) * f64::from(*v))
+                    .sum();
+                (z + f64::from(*b)).tanh()
+            });
+        let s: f64 = pooled
+            .zip(&self.class_w)
+            .map(|(p, w)| p * f64::from(*w))
+            .sum();
+        (s + f64::from(self.class_b)) as f32
+    }
+}
+
 /// A BERT encoder on backend `B`.
 pub struct Encoder<B: Backend> {
     positions: B::Matrix,
-    token_type: B::Vector,
+    token_types: B::Matrix,
     embed_norm: Norm<B>,
     layers: Vec<EncoderLayer<B>>,
+    rank: Option<RankHead>,
 }
 
 /// The tensor names of a checkpoint: bare (`BertModel`) or under `bert.` (`BertFor…`).
@@ -81,7 +114,13 @@ impl<B: Backend> Encoder<B> {
             require(src, &pos_name, cfg.max_position_embeddings, h)?,
         )?;
         let tt_name = format!("{p}embeddings.token_type_embeddings.weight");
-        let token_type = first_row(b, src, &tt_name, h)?;
+        let types = table_rows(src, &tt_name, h);
+        let token_types = b.matrix(
+            &tt_name,
+            MatrixRole::Embedding,
+            require(src, &tt_name, types, h)?,
+        )?;
+        let rank = rank_head(src, p, h)?;
         let embed_norm = norm(format!("{p}embeddings.LayerNorm"))?;
         let i = cfg.intermediate_size;
         let layers = (0..cfg.num_layers)
@@ -101,9 +140,10 @@ impl<B: Backend> Encoder<B> {
             .collect::<Result<Vec<_>, ModelError>>()?;
         Ok(Self {
             positions,
-            token_type,
+            token_types,
             embed_norm,
             layers,
+            rank,
         })
     }
 
@@ -117,9 +157,25 @@ impl<B: Backend> Encoder<B> {
         words: &B::Matrix,
         cfg: &ModelConfig,
         tokens: &[u32],
+        types: Option<&[u32]>,
         batch: &BatchLayout,
         pooling: Pooling,
     ) -> Result<Vec<f32>, ModelError> {
+        let zeros;
+        let types = match types {
+            Some(t) if t.len() == tokens.len() => t,
+            Some(t) => {
+                return Err(ModelError::Forward(format!(
+                    "{} token types for {} tokens",
+                    t.len(),
+                    tokens.len()
+                )));
+            }
+            None => {
+                zeros = vec![0u32; tokens.len()];
+                &zeros
+            }
+        };
         let positions: Vec<u32> = batch.positions().iter().map(|&p| p as u32).collect();
         if positions
             .iter()
@@ -132,7 +188,7 @@ impl<B: Backend> Encoder<B> {
         }
         let mut x = b.embed(words, tokens, None)?;
         b.add_assign(&mut x, &b.embed(&self.positions, &positions, None)?);
-        b.add_bias(&mut x, &self.token_type);
+        b.add_assign(&mut x, &b.embed(&self.token_types, types, None)?);
         let eps = cfg.rms_norm_eps;
         let mut x = b.layer_norm(&x, &self.embed_norm.w, &self.embed_norm.b, eps)?;
         let params = AttentionParams {
@@ -166,6 +222,17 @@ impl<B: Backend> Encoder<B> {
                 b.to_host(&b.gather_rows(&x, &rows))
             }
             Pooling::Mean => super::model::mean_rows(&b.to_host(&x), batch, h),
+            Pooling::Rank => {
+                let head = self.rank.as_ref().ok_or_else(|| {
+                    ModelError::Forward(
+                        "rank pooling needs a cross-encoder (a pooler and a one-label classifier)"
+                            .into(),
+                    )
+                })?;
+                let rows = super::model::span_rows(batch, |start, _| start);
+                let first = b.to_host(&b.gather_rows(&x, &rows));
+                first.chunks_exact(h).map(|r| head.score(r)).collect()
+            }
         })
     }
 
@@ -198,15 +265,9 @@ impl<B: Backend> Encoder<B> {
     }
 }
 
-/// Row 0 of table `name` (BERT's token type 0, the only one a single-text input uses).
-fn first_row<B: Backend>(
-    b: &B,
-    src: &dyn TensorSource,
-    name: &str,
-    h: usize,
-) -> Result<B::Vector, ModelError> {
-    let shapes = src.tensor_shapes();
-    let rows = shapes
+/// Rows of table `name` whose rows are `h` wide (1 when it cannot be read: `require` names it).
+fn table_rows(src: &dyn TensorSource, name: &str, h: usize) -> usize {
+    src.tensor_shapes()
         .iter()
         .find(|(n, _)| n == name)
         .and_then(|(_, s)| match s.as_slice() {
@@ -215,17 +276,31 @@ fn first_row<B: Backend>(
             _ => None,
         })
         .unwrap_or(1)
-        .max(1);
-    let t = require(src, name, rows, h)?;
-    let row: Vec<f32> = t.to_f32()?.into_iter().take(h).collect();
-    let bytes = row.iter().flat_map(|v| v.to_le_bytes()).collect();
-    b.vector(
-        name,
-        crate::backend::HostTensor {
-            ty: kiln_kernels::GgmlType::F32,
-            rows: 1,
-            cols: h,
-            bytes,
-        },
-    )
+        .max(1)
+}
+
+/// A cross-encoder's pooler and classifier, when `src` has them (`BertForSequenceClassification`).
+fn rank_head(src: &dyn TensorSource, p: &str, h: usize) -> Result<Option<RankHead>, ModelError> {
+    let f32s = |name: &str, rows: usize, cols: usize| -> Result<Vec<f32>, ModelError> {
+        require(src, name, rows, cols)?.to_f32()
+    };
+    let shapes = src.tensor_shapes();
+    let has = |name: &str| shapes.iter().any(|(n, _)| n == name);
+    if !has("classifier.weight") {
+        return Ok(None);
+    }
+    let labels = table_rows(src, "classifier.weight", h);
+    if labels != 1 {
+        return Err(ModelError::Tensor {
+            path: src.path().into(),
+            name: "classifier.weight".into(),
+            reason: format!("{labels} labels; a reranker scores with one"),
+        });
+    }
+    Ok(Some(RankHead {
+        pool_w: f32s(&format!("{p}pooler.dense.weight"), h, h)?,
+        pool_b: f32s(&format!("{p}pooler.dense.bias"), 1, h)?,
+        class_w: f32s("classifier.weight", 1, h)?,
+        class_b: f32s("classifier.bias", 1, 1)?[0],
+    }))
 }

@@ -347,12 +347,15 @@ impl<B: Backend> Model<B> {
 
     /// Runs `tokens` through the model (each span whole, from position 0 of its slot) and
     /// returns one pooled, final-normed state per span, row-major `[spans, hidden]`: the
-    /// embeddings of an embedding model before any normalization.
+    /// embeddings of an embedding model before any normalization; with rank pooling, one
+    /// score per span. `types` are an encoder's token types (`None`: all 0; decoders have
+    /// none).
     pub fn pooled(
         &self,
         b: &B,
         kv: &mut B::Kv,
         tokens: &[u32],
+        types: Option<&[u32]>,
         batch: &BatchLayout,
         pooling: Pooling,
     ) -> Result<Vec<f32>, ModelError> {
@@ -366,11 +369,25 @@ impl<B: Backend> Model<B> {
             for s in &batch.spans {
                 kv.set_seq_len(s.slot, 0);
             }
-            let out = enc.pooled(b, kv, &self.embed, &self.config, tokens, batch, pooling)?;
+            let out = enc.pooled(
+                b,
+                kv,
+                &self.embed,
+                &self.config,
+                tokens,
+                types,
+                batch,
+                pooling,
+            )?;
             for s in &batch.spans {
                 kv.set_seq_len(s.slot, s.n_tokens);
             }
             return Ok(out);
+        }
+        if types.is_some() {
+            return Err(ModelError::Forward(
+                "token types are an encoder's (BERT); a decoder has none".into(),
+            ));
         }
         let x = self.layers_out(b, kv, tokens, batch, Resume::default(), &[])?;
         let h = self.config.hidden_size;
@@ -383,6 +400,11 @@ impl<B: Backend> Model<B> {
                 b.to_host(&self.final_norm(b, &b.gather_rows(&x, &rows)))
             }
             Pooling::Mean => mean_rows(&b.to_host(&self.final_norm(b, &x)), batch, h),
+            Pooling::Rank => {
+                return Err(ModelError::Forward(
+                    "rank pooling needs a cross-encoder (BERT with a classifier)".into(),
+                ));
+            }
         };
         for s in &batch.spans {
             kv.set_seq_len(s.slot, s.n_tokens);
@@ -495,7 +517,7 @@ impl<B: Backend> Model<B> {
 }
 
 /// One row index per span of `batch`, from each span's first row and length.
-fn span_rows(batch: &BatchLayout, pick: impl Fn(usize, usize) -> usize) -> Vec<usize> {
+pub(super) fn span_rows(batch: &BatchLayout, pick: impl Fn(usize, usize) -> usize) -> Vec<usize> {
     let mut start = 0;
     batch
         .spans

@@ -19,7 +19,7 @@ from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
-from transformers import BertConfig, BertModel, BertTokenizerFast, PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast, PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = [
@@ -145,6 +145,45 @@ def bert_mean(out):
     return bert(out, "mean", normalize=False, seed=3)
 
 
+QUERY = "Which animal jumps over the dog?"
+DOCUMENTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "kiln serves local models over HTTP.",
+    "A cat sat on the mat, and the dog did not mind.",
+    "Retrieval finds the passages nearest to a query.",
+]
+
+
+def bert_rerank(out):
+    """A cross-encoder as sentence-transformers' CrossEncoder saves one: BERT with its pooler
+    and a one-label classifier; its scores are the raw logits."""
+    tok = wordpiece()
+    torch.manual_seed(4)
+    cfg = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=128, max_position_embeddings=128,
+                     type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu", num_labels=1)
+    model = BertForSequenceClassification(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name:
+                p.uniform_(0.5, 1.5) if name.endswith("weight") else p.normal_(0.0, 0.1)
+            else:
+                p.normal_(0.0, 0.2)
+    model.eval()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]",
+                                   sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]")
+    model.save_pretrained(out, safe_serialization=True)
+    fast.save_pretrained(out)
+    rows = []
+    with torch.no_grad():
+        for d in DOCUMENTS:
+            enc = fast(QUERY, d, return_tensors="pt", return_token_type_ids=True)
+            score = model(**enc).logits[0, 0].item()
+            rows.append({"query": QUERY, "document": d, "ids": enc["input_ids"][0].tolist(),
+                         "type_ids": enc["token_type_ids"][0].tolist(), "score": score})
+    return rows
+
+
 def main():
     expected = {}
     for name, make in [("qwen3-last", qwen3_last), ("qwen3-mean", qwen3_mean),
@@ -157,6 +196,9 @@ def main():
             {"text": t, "ids": fast(t)["input_ids"], "embedding": [float(x) for x in e]}
             for t, e in zip(INPUTS, emb)
         ]
+    out = os.path.join(HERE, "bert-rerank")
+    shutil.rmtree(out, ignore_errors=True)
+    expected["bert-rerank"] = bert_rerank(out)
     with open(os.path.join(HERE, "expected.json"), "w") as f:
         json.dump(expected, f, indent=1)
 
