@@ -17,25 +17,37 @@ from conftest import MODEL, ROOT, Server, httpx
 
 DATA = os.path.join(ROOT, "crates", "kiln-engine", "tests", "data", "embed")
 EMBEDDER = "kiln-test/qwen3-embed"
+BERT = "kiln-test/bert-embed"
+RERANKER = "kiln-test/bert-rerank"
+
+
+def cache_repo(hf, name, folder):
+    repo = hf / f"models--kiln-test--{name}"
+    snap = repo / "snapshots" / "0123456789abcdef"
+    shutil.copytree(os.path.join(DATA, folder), snap)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123456789abcdef")
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     hf = tmp_path_factory.mktemp("hf")
-    repo = hf / "models--kiln-test--qwen3-embed"
-    snap = repo / "snapshots" / "0123456789abcdef"
-    shutil.copytree(os.path.join(DATA, "qwen3-last"), snap)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("0123456789abcdef")
+    cache_repo(hf, "qwen3-embed", "qwen3-last")
+    cache_repo(hf, "bert-embed", "bert-cls")
+    cache_repo(hf, "bert-rerank", "bert-rerank")
     s = Server("--max-batch-inputs", "8", "--parallel", "2", env={"HF_HUB_CACHE": str(hf)})
     yield s
     assert s.stop() == 0
 
 
+def reference(name):
+    with open(os.path.join(DATA, "expected.json")) as f:
+        return json.load(f)[name]
+
+
 @pytest.fixture(scope="module")
 def expected():
-    with open(os.path.join(DATA, "expected.json")) as f:
-        return json.load(f)["qwen3-last"]
+    return reference("qwen3-last")
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +132,50 @@ def test_refusals_name_the_problem(oai, served):
     r = httpx.post(served.url + "/v1/embeddings", timeout=60,
                    json={"model": EMBEDDER, "input": "fox " * 5000, "truncate": True})
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] <= 4096
+
+
+def test_a_bert_embedder_through_the_sdk(oai):
+    want = reference("bert-cls")
+    r = oai.embeddings.create(model=BERT, input=[e["text"] for e in want])
+    for d, e in zip(r.data, want):
+        assert cosine(d.embedding, e["embedding"]) >= 0.9999
+    assert r.usage.prompt_tokens == sum(len(e["ids"]) for e in want)
+
+
+def test_rerank_orders_as_transformers_scores(served):
+    want = reference("bert-rerank")
+    docs = [w["document"] for w in want]
+    r = httpx.post(served.url + "/v1/rerank", timeout=60,
+                   json={"model": RERANKER, "query": want[0]["query"], "documents": docs,
+                         "return_documents": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    order = sorted(range(len(want)), key=lambda i: -want[i]["score"])
+    assert [x["index"] for x in body["results"]] == order
+    for x in body["results"]:
+        assert abs(x["relevance_score"] - want[x["index"]]["score"]) < 2e-3
+        assert x["document"]["text"] == docs[x["index"]]
+    assert body["usage"]["prompt_tokens"] == sum(len(w["ids"]) for w in want)
+    top = httpx.post(served.url + "/v1/rerank", timeout=60,
+                     json={"model": RERANKER, "query": want[0]["query"], "documents": docs, "top_n": 2}).json()
+    assert [x["index"] for x in top["results"]] == order[:2] and "document" not in top["results"][0]
+    tei = httpx.post(served.url + "/rerank", timeout=60,
+                     json={"model": RERANKER, "query": want[0]["query"], "texts": docs, "return_text": True}).json()
+    assert [x["index"] for x in tei] == order and tei[0]["text"] == docs[order[0]]
+    assert abs(tei[0]["score"] - want[order[0]]["score"]) < 2e-3
+
+
+def test_rerank_refusals(served, oai):
+    url = served.url + "/v1/rerank"
+    for body, match in [({"model": BERT, "query": "q", "documents": ["a"]}, "is not a reranker"),
+                        ({"model": RERANKER, "documents": ["a"]}, "query is required"),
+                        ({"model": RERANKER, "query": "q", "documents": []}, "empty list"),
+                        ({"model": RERANKER, "query": "q", "documents": ["a", 3]}, "documents[1] must be a string"),
+                        ({"model": RERANKER, "query": "q", "documents": ["a"] * 9}, "at most 8"),
+                        ({"model": RERANKER, "query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+                        ({"model": RERANKER, "query": "q " * 300, "documents": ["a"]}, "but the context holds")]:
+        r = httpx.post(url, json=body, timeout=60)
+        assert r.status_code == 400 and match in r.text, (body, r.text)
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.embeddings.create(model=RERANKER, input="hi")
+    assert "is a reranker" in str(e.value)

@@ -58,9 +58,14 @@ pub trait Generator: Send + 'static {
     fn scheduler_stats(&self) -> Option<SchedulerStats> {
         None
     }
-    /// The pooled, unnormalized embedding of each input (an embedding model's engine).
-    fn embed(&mut self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, EngineError> {
-        let _ = inputs;
+    /// The pooled, unnormalized embedding of each input (an embedding model's engine), with
+    /// each input's token types when given (a reranker's pairs: one score each).
+    fn embed(
+        &mut self,
+        inputs: &[Vec<u32>],
+        types: Option<&[Vec<u32>]>,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let _ = (inputs, types);
         Err(EngineError::Request(
             "this model is not an embedding model".into(),
         ))
@@ -115,8 +120,12 @@ where
         Some(Engine::scheduler_stats(self))
     }
 
-    fn embed(&mut self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, EngineError> {
-        Engine::embed(self, inputs)
+    fn embed(
+        &mut self,
+        inputs: &[Vec<u32>],
+        types: Option<&[Vec<u32>]>,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        Engine::embed_typed(self, inputs, types)
     }
 }
 
@@ -278,6 +287,7 @@ enum Job {
     /// Embed `inputs`; the answer goes to `reply`, `done` ends the request's in-flight count.
     Embed {
         inputs: Vec<Vec<u32>>,
+        types: Option<Vec<Vec<u32>>>,
         reply: tokio::sync::oneshot::Sender<EmbedResult>,
         done: InFlight,
     },
@@ -392,10 +402,12 @@ impl Gateway {
     pub fn submit_embed(
         &self,
         inputs: Vec<Vec<u32>>,
+        types: Option<Vec<Vec<u32>>>,
     ) -> Result<tokio::sync::oneshot::Receiver<EmbedResult>, GatewayError> {
         let (reply, rx) = tokio::sync::oneshot::channel();
         self.send(|done| Job::Embed {
             inputs,
+            types,
             reply,
             done,
         })?;
@@ -510,10 +522,13 @@ fn add_job<G: Generator>(generator: &mut G, job: Job, m: &Arc<GatewayMetrics>) {
         Job::Generate { req, events, done } => (req, events, done),
         Job::Embed {
             inputs,
+            types,
             reply,
             done,
         } => {
-            let result = generator.embed(&inputs).map_err(|e| e.to_string());
+            let result = generator
+                .embed(&inputs, types.as_deref())
+                .map_err(|e| e.to_string());
             if result.is_err() {
                 m.failed.fetch_add(1, Ordering::Relaxed);
             } else {

@@ -59,6 +59,21 @@ pub const ROUTES: &[RouteDoc] = &[
     ),
     (
         "POST",
+        "/v1/rerank",
+        "Rerank documents with a cross-encoder: {query, documents, top_n?} -> {results:[{index, relevance_score}]}",
+    ),
+    (
+        "POST",
+        "/v1/reranking",
+        "The same as /v1/rerank (llama-server's other name)",
+    ),
+    (
+        "POST",
+        "/rerank",
+        "/v1/rerank, or TEI's form: {query, texts} -> [{index, score}]",
+    ),
+    (
+        "POST",
         "/api/embed",
         "Ollama embeddings: {model, input, truncate?, dimensions?} -> {embeddings}",
     ),
@@ -160,6 +175,9 @@ pub fn router_with(
         .route("/v1/completions", post(openai::completions::handler))
         .route("/v1/embeddings", post(crate::embeddings::handler))
         .route("/api/embed", post(crate::embeddings::ollama_handler))
+        .route("/v1/rerank", post(crate::embeddings::rerank::handler))
+        .route("/v1/reranking", post(crate::embeddings::rerank::handler))
+        .route("/rerank", post(crate::embeddings::rerank::tei_handler))
         .route("/v1/responses", post(openai::responses::handler))
         .route("/v1/messages", post(anthropic::messages::handler))
         .route(

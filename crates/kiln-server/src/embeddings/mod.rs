@@ -5,6 +5,7 @@
 
 pub mod input;
 pub mod normalize;
+pub mod rerank;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -74,12 +75,22 @@ pub fn plan(
     dims: Option<&Value>,
     truncate: bool,
 ) -> Result<Plan, ApiError> {
-    if model.info.embedding.is_none() {
-        return Err(ApiError::bad_request(format!(
-            "model {} is not an embedding model (it declares no pooling: a sentence-transformers folder or a GGUF with pooling_type); it generates text",
-            model.info.id
-        ))
-        .with_code("model_not_embedding"));
+    match model.info.embedding {
+        None => {
+            return Err(ApiError::bad_request(format!(
+                "model {} is not an embedding model (it declares no pooling: a sentence-transformers folder or a GGUF with pooling_type); it generates text",
+                model.info.id
+            ))
+            .with_code("model_not_embedding"));
+        }
+        Some(e) if e.pooling == kiln_model::embedding::Pooling::Rank => {
+            return Err(ApiError::bad_request(format!(
+                "model {} is a reranker (a cross-encoder): it answers /v1/rerank, not embeddings",
+                model.info.id
+            ))
+            .with_code("model_not_embedding"));
+        }
+        Some(_) => {}
     }
     let max = match state.config.max_batch_inputs {
         0 => DEFAULT_MAX_BATCH_INPUTS,
@@ -100,7 +111,7 @@ pub async fn run(
 ) -> Result<Vec<Vec<f32>>, ApiError> {
     let rx = model
         .gateway
-        .submit_embed(plan.inputs)
+        .submit_embed(plan.inputs, None)
         .map_err(|e| ApiError::busy(e.to_string()).flavor(flavor))?;
     let raw = rx
         .await
