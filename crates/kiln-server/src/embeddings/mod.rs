@@ -130,6 +130,46 @@ pub async fn run(
         .collect())
 }
 
+/// The fields both embedding routes take.
+struct Fields {
+    model: Option<Value>,
+    keep_alive: Option<Value>,
+    input: Option<Value>,
+    dimensions: Option<Value>,
+    truncate: bool,
+}
+
+/// A request's vectors, with the model that made them.
+struct Embedded {
+    model: std::sync::Arc<ServedModel>,
+    vectors: Vec<Vec<f32>>,
+    /// Tokens embedded.
+    tokens: usize,
+    /// When the model was ready.
+    loaded: std::time::Instant,
+}
+
+/// Loads the model, plans the inputs off the async workers and embeds them.
+async fn embed(state: &SharedState, f: Fields) -> Result<Embedded, ApiError> {
+    let lease =
+        crate::models::acquire(&state.models, f.model.as_ref(), f.keep_alive.as_ref()).await?;
+    let loaded = std::time::Instant::now();
+    let model = lease.model().clone();
+    let (st, m) = (state.clone(), model.clone());
+    let plan = blocking(Flavor::OpenAi, move || {
+        plan(&st, &m, f.input.as_ref(), f.dimensions.as_ref(), f.truncate)
+    })
+    .await?;
+    let tokens = plan.inputs.iter().map(Vec::len).sum();
+    let vectors = run(state, &model, plan, Flavor::OpenAi).await?;
+    Ok(Embedded {
+        model,
+        vectors,
+        tokens,
+        loaded,
+    })
+}
+
 /// One vector of the OpenAI answer.
 #[derive(Serialize)]
 struct EmbeddingItem {
@@ -181,22 +221,19 @@ pub async fn handler(
             ));
         }
     };
-    let lease =
-        crate::models::acquire(&state.models, req.model.as_ref(), req.keep_alive.as_ref()).await?;
-    let model = lease.model().clone();
-    let (st, m) = (state.clone(), model.clone());
-    let plan = blocking(Flavor::OpenAi, move || {
-        plan(
-            &st,
-            &m,
-            req.input.as_ref(),
-            req.dimensions.as_ref(),
-            req.truncate.unwrap_or(false),
-        )
-    })
-    .await?;
-    let tokens: usize = plan.inputs.iter().map(Vec::len).sum();
-    let vectors = run(&state, &model, plan, Flavor::OpenAi).await?;
+    let fields = Fields {
+        model: req.model,
+        keep_alive: req.keep_alive,
+        input: req.input,
+        dimensions: req.dimensions,
+        truncate: req.truncate.unwrap_or(false),
+    };
+    let Embedded {
+        model,
+        vectors,
+        tokens,
+        ..
+    } = embed(&state, fields).await?;
     let data = vectors
         .into_iter()
         .enumerate()
@@ -252,23 +289,21 @@ pub async fn ollama_handler(
 ) -> Result<Response, ApiError> {
     let started = std::time::Instant::now();
     let req: OllamaEmbedRequest = parse_json(body, Flavor::OpenAi)?;
-    let lease =
-        crate::models::acquire(&state.models, req.model.as_ref(), req.keep_alive.as_ref()).await?;
-    let loaded = started.elapsed();
-    let model = lease.model().clone();
-    let (st, m) = (state.clone(), model.clone());
-    let plan = blocking(Flavor::OpenAi, move || {
-        plan(
-            &st,
-            &m,
-            req.input.as_ref(),
-            req.dimensions.as_ref(),
-            req.truncate.unwrap_or(true),
-        )
-    })
-    .await?;
-    let tokens: usize = plan.inputs.iter().map(Vec::len).sum();
-    let embeddings = run(&state, &model, plan, Flavor::OpenAi).await?;
+    let fields = Fields {
+        model: req.model,
+        keep_alive: req.keep_alive,
+        input: req.input,
+        dimensions: req.dimensions,
+        // Ollama truncates by default.
+        truncate: req.truncate.unwrap_or(true),
+    };
+    let Embedded {
+        model,
+        vectors: embeddings,
+        tokens,
+        loaded,
+    } = embed(&state, fields).await?;
+    let loaded = loaded.duration_since(started);
     let body = OllamaEmbedResponse {
         model: &model.info.id,
         embeddings,

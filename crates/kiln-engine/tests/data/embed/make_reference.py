@@ -6,7 +6,10 @@ what sentence-transformers makes of them.
 Each checkpoint is a Hugging Face folder as sentence-transformers saves it (config.json,
 model.safetensors, tokenizer.json, modules.json, 1_Pooling/config.json, 2_Normalize/ when
 normalizing) with random weights (seeded) and a byte-level BPE trained on the sentences below.
-`expected.json` holds, per checkpoint, the token ids of each input and its embedding."""
+`expected.json` holds, per checkpoint, the token ids of each input and its embedding (for the
+reranker: each pair's ids, token types and transformers' logit). The WordPiece trainer orders
+pieces of equal count arbitrarily, so a re-run may renumber the BERT vocabularies: commit
+everything it writes together."""
 
 import json
 import os
@@ -15,11 +18,10 @@ import shutil
 import torch
 from sentence_transformers import SentenceTransformer, models
 from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
-from tokenizers.models import BPE
-from tokenizers.trainers import BpeTrainer
-from tokenizers.models import WordPiece
-from tokenizers.trainers import WordPieceTrainer
-from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast, PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+from tokenizers.models import BPE, WordPiece
+from tokenizers.trainers import BpeTrainer, WordPieceTrainer
+from transformers import (BertConfig, BertForSequenceClassification, BertModel,
+                          PreTrainedTokenizerFast, Qwen3Config, Qwen3Model)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = [
@@ -51,6 +53,29 @@ def tokenizer(eos):
     return tok, eos_id
 
 
+def sentence_transformer(out, model, fast, max_len, pooling, normalize):
+    """Saves `model` and its tokenizer as sentence-transformers does, with `pooling` and,
+    when `normalize`, a Normalize module; returns the loaded SentenceTransformer."""
+    raw = os.path.join(out, "_raw")
+    model.save_pretrained(raw, safe_serialization=True)
+    fast.save_pretrained(raw)
+    word = models.Transformer(raw, max_seq_length=max_len)
+    pool = models.Pooling(word.get_embedding_dimension(), pooling_mode=pooling)
+    modules = [word, pool] + ([models.Normalize()] if normalize else [])
+    st = SentenceTransformer(modules=modules, device="cpu")
+    st.save(out)
+    shutil.rmtree(raw)
+    readme = os.path.join(out, "README.md")
+    if os.path.exists(readme):
+        os.remove(readme)
+    return st
+
+
+def bert_tokenizer(tok):
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]",
+                                   sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]")
+
+
 def qwen3_last(out):
     return qwen3(out, "lasttoken", normalize=True)
 
@@ -73,21 +98,9 @@ def qwen3(out, pooling, normalize, seed=0):
         for p in model.parameters():
             p.normal_(0.0, 0.2)
     model.eval()
-    raw = os.path.join(out, "_raw")
-    model.save_pretrained(raw, safe_serialization=True)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=eos)
     fast.padding_side = "left"
-    fast.save_pretrained(raw)
-    word = models.Transformer(raw, max_seq_length=256)
-    pool = models.Pooling(word.get_embedding_dimension(), pooling_mode=pooling)
-    modules = [word, pool] + ([models.Normalize()] if normalize else [])
-    st = SentenceTransformer(modules=modules, device="cpu")
-    st.save(out)
-    shutil.rmtree(raw)
-    readme = os.path.join(out, "README.md")
-    if os.path.exists(readme):
-        os.remove(readme)
-    return st, fast
+    return sentence_transformer(out, model, fast, 256, pooling, normalize), fast
 
 
 def wordpiece():
@@ -120,21 +133,8 @@ def bert(out, pooling, normalize, seed):
             else:
                 p.normal_(0.0, 0.2)
     model.eval()
-    raw = os.path.join(out, "_raw")
-    model.save_pretrained(raw, safe_serialization=True)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]",
-                                   sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]")
-    fast.save_pretrained(raw)
-    word = models.Transformer(raw, max_seq_length=128)
-    pool = models.Pooling(word.get_embedding_dimension(), pooling_mode=pooling)
-    modules = [word, pool] + ([models.Normalize()] if normalize else [])
-    st = SentenceTransformer(modules=modules, device="cpu")
-    st.save(out)
-    shutil.rmtree(raw)
-    readme = os.path.join(out, "README.md")
-    if os.path.exists(readme):
-        os.remove(readme)
-    return st, fast
+    fast = bert_tokenizer(tok)
+    return sentence_transformer(out, model, fast, 128, pooling, normalize), fast
 
 
 def bert_cls(out):
@@ -170,8 +170,7 @@ def bert_rerank(out):
             else:
                 p.normal_(0.0, 0.2)
     model.eval()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]",
-                                   sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]")
+    fast = bert_tokenizer(tok)
     model.save_pretrained(out, safe_serialization=True)
     fast.save_pretrained(out)
     rows = []
