@@ -503,8 +503,10 @@ fn engine_loop<G: Generator>(mut generator: G, rx: Receiver<Job>, m: &Arc<Gatewa
             Err(_) => {
                 // A panic may leave the engine's state half-updated: fail what it holds and
                 // stop, so the model is loaded afresh for the next request.
-                generator.fail_running("internal error in the engine");
+                // Broken first: a client told of the failure must find the model gone, so
+                // its next request loads it again instead of reaching this closing engine.
                 m.broken.store(true, Ordering::SeqCst);
+                generator.fail_running("internal error in the engine");
                 publish(m, &generator);
                 tracing::error!("the engine panicked; its requests failed and it stopped");
                 return;
