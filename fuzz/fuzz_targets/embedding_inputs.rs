@@ -1,13 +1,12 @@
 //! An embeddings request's `input` and a sentence-transformers Pooling config on hostile JSON:
 //! `Inputs::parse` gives inputs (never more than the cap, none empty) or a 400; `pooling_of`
-//! gives a pooling or an error naming the field; `normalize::apply` never makes a finite
+//! gives a pooling or an error naming the field; `kiln_engine::embed::normalize` never makes a finite
 //! vector non-finite.
 
 #![no_main]
 
 use kiln_model::embedding::pooling_of;
 use kiln_server::embeddings::input::Inputs;
-use kiln_server::embeddings::normalize;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -24,7 +23,7 @@ fuzz_target!(|data: &[u8]| {
     let floats: Vec<f32> = data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).filter(|x| x.is_finite()).collect();
     for p in [-1, 0, 1, 2, 3] {
         let mut x = floats.clone();
-        normalize::apply(&mut x, p);
+        kiln_engine::embed::normalize(&mut x, p);
         assert!(x.iter().all(|v| v.is_finite()) || floats.iter().any(|v| v.abs() > 1e30), "p={p}");
     }
 });

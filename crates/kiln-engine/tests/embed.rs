@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use kiln_engine::embed::l2_normalize;
+use kiln_engine::embed::normalize;
 use kiln_engine::kv_scheme::{DenseDtype, KvScheme};
 use kiln_engine::{Engine, EngineOptions, load_model};
 use kiln_model::backend::Backend;
@@ -67,7 +67,7 @@ fn engine<B: Backend>(backend: B, name: &str, slots: usize, kv: KvScheme) -> Eng
 fn check<B: Backend>(mut e: Engine<B>, name: &str) {
     let want = expected(name);
     assert!(e.is_embedding_model());
-    let normalize = e.model().embedding.unwrap().normalize;
+    let normalized = e.model().embedding.unwrap().normalize;
     let ids: Vec<Vec<u32>> = want
         .iter()
         .map(|(ids, _, text)| {
@@ -80,9 +80,9 @@ fn check<B: Backend>(mut e: Engine<B>, name: &str) {
     for (i, (_, reference, text)) in want.iter().enumerate() {
         let mut one = e.embed(std::slice::from_ref(&ids[i])).unwrap().remove(0);
         let mut b = batched[i].clone();
-        if normalize {
-            l2_normalize(&mut one);
-            l2_normalize(&mut b);
+        if normalized {
+            normalize(&mut one, 2);
+            normalize(&mut b, 2);
         }
         let c = cosine(&one, reference);
         assert!(c >= 0.9999, "{name}: cosine {c} for {text:?}");

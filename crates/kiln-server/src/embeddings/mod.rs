@@ -4,7 +4,6 @@
 //! truncated to `dimensions` and normalized (`--embd-normalize`).
 
 pub mod input;
-pub mod normalize;
 pub mod rerank;
 
 use axum::Json;
@@ -124,7 +123,7 @@ pub async fn run(
             if let Some(d) = plan.dimensions {
                 v.truncate(d);
             }
-            normalize::apply(&mut v, p);
+            kiln_engine::embed::normalize(&mut v, p);
             v
         })
         .collect())

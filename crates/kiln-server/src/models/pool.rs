@@ -394,7 +394,7 @@ impl<M: PoolModel> ModelPool<M> {
             let Some(candidate) = candidate else {
                 return Err(PoolError::NotFound {
                     name,
-                    known: self.known_names(),
+                    known: self.known_names().await,
                 });
             };
             if self.alias_loaded(&name, &candidate) {
@@ -465,7 +465,8 @@ impl<M: PoolModel> ModelPool<M> {
     }
 
     /// Every name a request may use: loaded models with their aliases, then the available ones.
-    fn known_names(&self) -> Vec<String> {
+    /// The caches are listed off the async workers (it walks folders).
+    async fn known_names(&self) -> Vec<String> {
         let mut names: Vec<String> = {
             let g = self.lock();
             g.entries
@@ -473,7 +474,11 @@ impl<M: PoolModel> ModelPool<M> {
                 .flat_map(|e| std::iter::once(e.model.id().to_string()).chain(e.aliases.clone()))
                 .collect()
         };
-        for l in self.loader.available() {
+        let loader = self.loader.clone();
+        let available = tokio::task::spawn_blocking(move || loader.available())
+            .await
+            .unwrap_or_default();
+        for l in available {
             if !names.contains(&l.name) {
                 names.push(l.name);
             }
@@ -594,14 +599,18 @@ impl<M: PoolModel> ModelPool<M> {
 
     /// Unloads `name` now when idle (`Ok(true)`), else once its requests end (`Ok(false)`).
     pub async fn unload(&self, name: &str) -> Result<bool, PoolError> {
+        let found = self.lock().entries.iter().any(|e| e.named(name));
+        if !found {
+            return Err(PoolError::NotFound {
+                name: name.to_string(),
+                known: self.known_names().await,
+            });
+        }
         let victim = {
             let mut g = self.lock();
             let Some(i) = g.entries.iter().position(|e| e.named(name)) else {
-                drop(g);
-                return Err(PoolError::NotFound {
-                    name: name.to_string(),
-                    known: self.known_names(),
-                });
+                // Unloaded by another request meanwhile: nothing left to do.
+                return Ok(true);
             };
             if !g.entries[i].evictable() {
                 g.entries[i].keep_alive = KeepAlive::For(Duration::ZERO);

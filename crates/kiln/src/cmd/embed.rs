@@ -87,7 +87,7 @@ pub fn run(args: EmbedArgs) -> Result<()> {
         if let Some(d) = args.dimensions {
             v.truncate(d);
         }
-        kiln_server::embeddings::normalize::apply(v, args.embd_normalize);
+        kiln_engine::embed::normalize(v, args.embd_normalize);
     }
     if args.json {
         let model = engine.model().path.display().to_string();

@@ -119,20 +119,27 @@ def wordpiece():
     return tok
 
 
-def bert(out, pooling, normalize, seed):
-    tok = wordpiece()
-    torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
-                     num_attention_heads=4, intermediate_size=128, max_position_embeddings=128,
-                     type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu")
-    model = BertModel(cfg, add_pooling_layer=False)
+def bert_config(tok, **extra):
+    return BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, intermediate_size=128, max_position_embeddings=128,
+                      type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu", **extra)
+
+
+def randomized(model):
+    """Weights far from the initializer's (LayerNorm gains around 1), in eval mode."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "LayerNorm" in name:
                 p.uniform_(0.5, 1.5) if name.endswith("weight") else p.normal_(0.0, 0.1)
             else:
                 p.normal_(0.0, 0.2)
-    model.eval()
+    return model.eval()
+
+
+def bert(out, pooling, normalize, seed):
+    tok = wordpiece()
+    torch.manual_seed(seed)
+    model = randomized(BertModel(bert_config(tok), add_pooling_layer=False))
     fast = bert_tokenizer(tok)
     return sentence_transformer(out, model, fast, 128, pooling, normalize), fast
 
@@ -159,17 +166,7 @@ def bert_rerank(out):
     and a one-label classifier; its scores are the raw logits."""
     tok = wordpiece()
     torch.manual_seed(4)
-    cfg = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
-                     num_attention_heads=4, intermediate_size=128, max_position_embeddings=128,
-                     type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu", num_labels=1)
-    model = BertForSequenceClassification(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "LayerNorm" in name:
-                p.uniform_(0.5, 1.5) if name.endswith("weight") else p.normal_(0.0, 0.1)
-            else:
-                p.normal_(0.0, 0.2)
-    model.eval()
+    model = randomized(BertForSequenceClassification(bert_config(tok, num_labels=1)))
     fast = bert_tokenizer(tok)
     model.save_pretrained(out, safe_serialization=True)
     fast.save_pretrained(out)

@@ -54,13 +54,17 @@ pub(crate) fn attention(
     }
     let mut out = HostAct::zeros(q.rows, p.n_heads * p.head_dim);
     let kv_ref = &*kv;
-    // An encoder's query sees its whole span: up to the span's end in its slot.
-    let mut span_end = std::collections::HashMap::new();
-    for span in &batch.spans {
-        span_end.insert(span.slot, span.start_pos + span.n_tokens);
-    }
+    // An encoder's query sees its whole span: up to the span's end in its slot (looked up
+    // only then: decoders, on the decode path, allocate nothing here).
+    let span_end = |slot: usize| {
+        batch
+            .spans
+            .iter()
+            .find(|s| s.slot == slot)
+            .map(|s| s.start_pos + s.n_tokens)
+    };
     let visible = |slot: usize, pos: usize| match (p.causal, p.window) {
-        (false, _) => 0..span_end.get(&slot).copied().unwrap_or(pos + 1),
+        (false, _) => 0..span_end(slot).unwrap_or(pos + 1),
         (true, Some(w)) => (pos + 1).saturating_sub(w)..pos + 1,
         (true, None) => 0..pos + 1,
     };
