@@ -92,6 +92,16 @@ impl<B: Backend> Encoder<B> {
     pub fn load(b: &B, src: &dyn TensorSource, cfg: &ModelConfig) -> Result<Self, ModelError> {
         let p = prefix(src);
         let h = cfg.hidden_size;
+        if cfg.num_heads * cfg.head_dim != h || cfg.num_kv_heads != cfg.num_heads {
+            return Err(ModelError::Config {
+                path: src.path().into(),
+                field: "num_attention_heads".into(),
+                reason: format!(
+                    "{} heads of {} do not make the hidden size {h} (a BERT encoder's heads split it)",
+                    cfg.num_heads, cfg.head_dim
+                ),
+            });
+        }
         let vector = |name: String, len: usize| b.vector(&name, require(src, &name, 1, len)?);
         let norm = |name: String| -> Result<Norm<B>, ModelError> {
             Ok(Norm {
