@@ -65,9 +65,15 @@ fn engine<B: Backend>(backend: B, name: &str, slots: usize, kv: KvScheme) -> Eng
 }
 
 fn check<B: Backend>(mut e: Engine<B>, name: &str) {
-    let want = expected(name);
+    let mut want = expected(name);
     assert!(e.is_embedding_model());
     let normalized = e.model().embedding.unwrap().normalize;
+    if normalized {
+        // A GGUF normalizes every embedding (llama.cpp has no flag for it); so does the reference.
+        for (_, reference, _) in &mut want {
+            normalize(reference, 2);
+        }
+    }
     let ids: Vec<Vec<u32>> = want
         .iter()
         .map(|(ids, _, text)| {
@@ -162,10 +168,42 @@ fn bert_mean_pooling_matches_sentence_transformers() {
 }
 
 #[test]
+fn bert_ggufs_written_by_llama_cpp_embed_as_sentence_transformers_does() {
+    for (file, reference) in [
+        ("bert-cls.gguf", "bert-cls"),
+        ("bert-mean.gguf", "bert-mean"),
+    ] {
+        let cpu = CpuBackend::new(CpuOptions { dense: false });
+        check(
+            engine(cpu, file, 2, KvScheme::dense(DenseDtype::default())),
+            reference,
+        );
+    }
+    check(
+        engine(
+            ReferenceBackend,
+            "bert-cls.gguf",
+            3,
+            KvScheme::dense(DenseDtype::F32),
+        ),
+        "bert-cls",
+    );
+}
+
+#[test]
 fn a_bert_cross_encoder_scores_pairs_as_transformers_does() {
+    check_reranker("bert-rerank", "bert-rerank");
+}
+
+#[test]
+fn a_bert_reranker_gguf_scores_pairs_by_its_classifier() {
+    check_reranker("bert-rerank.gguf", "bert-rerank-gguf");
+}
+
+fn check_reranker(model: &str, reference: &str) {
     let text = std::fs::read_to_string(data().join("expected.json")).unwrap();
     let v: Value = serde_json::from_str(&text).unwrap();
-    let rows = v["bert-rerank"].as_array().unwrap();
+    let rows = v[reference].as_array().unwrap();
     let ids = |key: &str| -> Vec<Vec<u32>> {
         rows.iter()
             .map(|r| {
@@ -186,12 +224,7 @@ fn a_bert_cross_encoder_scores_pairs_as_transformers_does() {
     for backend_is_cpu in [true, false] {
         let scores = if backend_is_cpu {
             let cpu = CpuBackend::new(CpuOptions { dense: false });
-            let mut e = engine(
-                cpu,
-                "bert-rerank",
-                2,
-                KvScheme::dense(DenseDtype::default()),
-            );
+            let mut e = engine(cpu, model, 2, KvScheme::dense(DenseDtype::default()));
             // The pair is tokenized as transformers does it: ids and token types.
             let enc = e
                 .model()
@@ -209,12 +242,7 @@ fn a_bert_cross_encoder_scores_pairs_as_transformers_does() {
             assert_eq!(enc.get_type_ids(), &types[0][..]);
             e.embed_typed(&inputs, Some(&types)).unwrap()
         } else {
-            let mut e = engine(
-                ReferenceBackend,
-                "bert-rerank",
-                3,
-                KvScheme::dense(DenseDtype::F32),
-            );
+            let mut e = engine(ReferenceBackend, model, 3, KvScheme::dense(DenseDtype::F32));
             e.embed_typed(&inputs, Some(&types)).unwrap()
         };
         let got: Vec<f32> = scores.iter().map(|s| s[0]).collect();

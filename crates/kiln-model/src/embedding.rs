@@ -177,6 +177,21 @@ pub fn embedding_from_gguf(
     }))
 }
 
+/// How a BERT GGUF without `bert.pooling_type` pools: a file with a classifier (`cls.output`)
+/// is a reranker; any other is pooled by the mean, as sentence-transformers pools a BERT that
+/// names no pooling.
+pub fn bert_gguf_default(header: &GgufHeader) -> EmbeddingConfig {
+    let pooling = if header.tensor("cls.output.weight").is_some() {
+        Pooling::Rank
+    } else {
+        Pooling::Mean
+    };
+    EmbeddingConfig {
+        pooling,
+        normalize: pooling != Pooling::Rank,
+    }
+}
+
 /// A Hugging Face cross-encoder (`…ForSequenceClassification` in `config.json`'s
 /// `architectures`): rank pooling, scores unnormalized.
 pub fn reranker_from_hf(config: &Value) -> Option<EmbeddingConfig> {

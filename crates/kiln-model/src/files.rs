@@ -58,7 +58,12 @@ impl ModelFiles {
         let gguf = GgufFile::open(path)?;
         let config = config_from_gguf(path, gguf.header())?;
         let embedding =
-            crate::embedding::embedding_from_gguf(path, gguf.header(), config.arch.name())?;
+            match crate::embedding::embedding_from_gguf(path, gguf.header(), config.arch.name())? {
+                None if config.arch == crate::config::Architecture::Bert => {
+                    Some(crate::embedding::bert_gguf_default(gguf.header()))
+                }
+                e => e,
+            };
         let source = GgufSource::new(gguf, config.arch, config.num_heads, config.num_kv_heads);
         Ok(Self {
             path: path.into(),

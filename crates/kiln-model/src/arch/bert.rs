@@ -33,10 +33,11 @@ struct EncoderLayer<B: Backend> {
 }
 
 /// A cross-encoder's head, on the host (it scores one row per pair): BERT's pooler
-/// (`tanh(W·x + b)` of the first token) and a one-label classifier.
+/// (`tanh(W·x + b)` of the first token) when the file has one, and a one-label classifier.
+/// llama.cpp's converter leaves a `BertForSequenceClassification`'s pooler out of its GGUF; such
+/// a file is scored as llama.cpp scores it, by the classifier on the first token's state.
 struct RankHead {
-    pool_w: Vec<f32>,
-    pool_b: Vec<f32>,
+    pooler: Option<(Vec<f32>, Vec<f32>)>,
     class_w: Vec<f32>,
     class_b: f32,
 }
@@ -44,23 +45,17 @@ struct RankHead {
 impl RankHead {
     fn score(&self, x: &[f32]) -> f32 {
         let h = x.len();
-        let pooled = self
-            .pool_w
-            .chunks_exact(h)
-            .zip(&self.pool_b)
-            .map(|(row, b)| {
-                let z: f64 = row
-                    .iter()
-                    .zip(x)
-                    .map(|(w, v)| f64::from(*w) * f64::from(*v))
-                    .sum();
-                (z + f64::from(*b)).tanh()
-            });
-        let s: f64 = pooled
-            .zip(&self.class_w)
-            .map(|(p, w)| p * f64::from(*w))
-            .sum();
-        (s + f64::from(self.class_b)) as f32
+        let dot = |row: &[f32], v: &[f64]| -> f64 {
+            row.iter().zip(v).map(|(w, v)| f64::from(*w) * v).sum()
+        };
+        let x: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+        let features = match &self.pooler {
+            Some((w, b)) => (w.chunks_exact(h).zip(b))
+                .map(|(row, b)| (dot(row, &x) + f64::from(*b)).tanh())
+                .collect(),
+            None => x,
+        };
+        (dot(&self.class_w, &features) + f64::from(self.class_b)) as f32
     }
 }
 
@@ -307,9 +302,17 @@ fn rank_head(src: &dyn TensorSource, p: &str, h: usize) -> Result<Option<RankHea
             reason: format!("{labels} labels; a reranker scores with one"),
         });
     }
+    let pool_w = format!("{p}pooler.dense.weight");
+    let pooler = if has(&pool_w) {
+        Some((
+            f32s(&pool_w, h, h)?,
+            f32s(&format!("{p}pooler.dense.bias"), 1, h)?,
+        ))
+    } else {
+        None
+    };
     Ok(Some(RankHead {
-        pool_w: f32s(&format!("{p}pooler.dense.weight"), h, h)?,
-        pool_b: f32s(&format!("{p}pooler.dense.bias"), 1, h)?,
+        pooler,
         class_w: f32s("classifier.weight", 1, h)?,
         class_b: f32s("classifier.bias", 1, 1)?[0],
     }))

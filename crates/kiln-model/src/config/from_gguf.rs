@@ -78,6 +78,7 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
         "gemma3" => Architecture::Gemma3,
+        "bert" => Architecture::Bert,
         other => {
             return Err(ModelError::UnsupportedArchitecture {
                 path: path.into(),
@@ -128,6 +129,7 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
     };
     let rope_global = RopeConfig { theta, scaling };
     let gemma = arch == Architecture::Gemma3;
+    let bert = arch == Architecture::Bert;
     let window = m.opt_usize("attention.sliding_window")?;
     let layer_attention = match (gemma, window) {
         (true, Some(window)) if window > 0 => (0..num_layers)
@@ -153,9 +155,12 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
         num_heads,
         num_kv_heads: m.opt_usize("attention.head_count_kv")?.unwrap_or(num_heads),
         head_dim,
-        rms_norm_eps: m
-            .opt_f32("attention.layer_norm_rms_epsilon")?
-            .unwrap_or(1e-5),
+        rms_norm_eps: if bert {
+            m.opt_f32("attention.layer_norm_epsilon")?.unwrap_or(1e-12)
+        } else {
+            m.opt_f32("attention.layer_norm_rms_epsilon")?
+                .unwrap_or(1e-5)
+        },
         layer_attention,
         rope_global,
         rope_local: if gemma {
@@ -164,14 +169,14 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
             rope_global
         },
         max_position_embeddings: m.opt_usize("context_length")?.unwrap_or(4096),
-        tie_word_embeddings: header.tensor("output.weight").is_none(),
+        tie_word_embeddings: bert || header.tensor("output.weight").is_none(),
         activation: if gemma {
             Activation::GeluTanh
         } else {
             Activation::Silu
         },
         attention_scale: 1.0 / (head_dim as f32).sqrt(),
-        attention_bias: header.tensor("blk.0.attn_q.bias").is_some(),
+        attention_bias: bert || header.tensor("blk.0.attn_q.bias").is_some(),
         qk_norm: header.tensor("blk.0.attn_q_norm.weight").is_some(),
         // llama.cpp's converter stores Gemma norm weights with the +1 already added.
         norm_weight_offset: 0.0,

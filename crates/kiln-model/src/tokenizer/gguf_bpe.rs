@@ -43,7 +43,7 @@ pub(super) fn build(
     let mut tok = tokenizers::Tokenizer::new(model);
     tok.with_pre_tokenizer(Some(pretok::build(&spec)?));
     tok.with_decoder(Some(ByteLevelDecoder::default()));
-    super::special::add_special_tokens(&mut tok, vocab)?;
+    super::special::add_special_tokens(&mut tok, &vocab.tokens, &vocab.types)?;
 
     let add_bos = get_bool(meta, "tokenizer.ggml.add_bos_token").unwrap_or(spec.add_bos_default);
     if add_bos {

@@ -70,7 +70,7 @@ pub(super) fn build(
     }
     tok.with_decoder(Some(DecoderSequence::new(dec)));
 
-    special::add_special_tokens(&mut tok, vocab)?;
+    special::add_special_tokens(&mut tok, &vocab.tokens, &vocab.types)?;
     if add_bos {
         special::bos_post_processor(&mut tok, vocab)?;
     }

@@ -1,5 +1,5 @@
-//! Tokenizers: built from GGUF metadata (`gpt2` byte-level BPE, `llama` SentencePiece) or loaded
-//! from a Hugging Face folder, all as a [`tokenizers::Tokenizer`] behind one [`KilnTokenizer`].
+//! Tokenizers: built from GGUF metadata (`gpt2` byte-level BPE, `llama` SentencePiece, `bert`
+//! WordPiece) or loaded from a Hugging Face folder, all as a [`tokenizers::Tokenizer`] behind one [`KilnTokenizer`].
 //!
 //! BOS rule: [`KilnTokenizer::encode`] with `add_special = true` adds BOS when the model asks for
 //! it (`add_bos`), exactly once. Chat prompts go through
@@ -10,6 +10,7 @@
 mod gguf_bpe;
 mod gguf_meta;
 mod gguf_spm;
+mod gguf_wpm;
 mod hf;
 mod pretok;
 mod special;
@@ -39,8 +40,9 @@ pub(crate) fn tokenizer_from_metadata(
     match vocab.model.as_str() {
         "gpt2" => gguf_bpe::build(&vocab, meta),
         "llama" => gguf_spm::build(&vocab, meta),
+        "bert" => gguf_wpm::build(&vocab, meta),
         other => Err(ModelError::Tokenizer(format!(
-            "tokenizer.ggml.model = {other:?} is not supported (supported: gpt2, llama)"
+            "tokenizer.ggml.model = {other:?} is not supported (supported: gpt2, llama, bert)"
         ))),
     }
 }

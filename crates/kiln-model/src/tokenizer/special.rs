@@ -11,10 +11,11 @@ use crate::ModelError;
 /// `tokenizer_st_partition` does; only the special ones are dropped by `skip_special` decoding.
 pub(super) fn add_special_tokens(
     tok: &mut tokenizers::Tokenizer,
-    vocab: &GgufVocab,
+    tokens: &[String],
+    types: &[i64],
 ) -> Result<(), ModelError> {
     let mut added = Vec::new();
-    for (text, ty) in vocab.tokens.iter().zip(&vocab.types) {
+    for (text, ty) in tokens.iter().zip(types) {
         // An empty string cannot be matched; some vocabularies have empty padding entries.
         if text.is_empty() {
             continue;

@@ -29,6 +29,68 @@ const HF_LAYER_TENSORS: [&str; 16] = [
     "mlp.down_proj.weight",
 ];
 
+/// BERT's whole-model tensors: Hugging Face name (bare, as `BertModel` saves them) and GGUF name,
+/// as llama.cpp's converter writes them (a cross-encoder's pooler is `cls`, its classifier
+/// `cls.output`).
+const BERT_TENSORS: [(&str, &str); 9] = [
+    ("embeddings.word_embeddings.weight", "token_embd.weight"),
+    (
+        "embeddings.position_embeddings.weight",
+        "position_embd.weight",
+    ),
+    (
+        "embeddings.token_type_embeddings.weight",
+        "token_types.weight",
+    ),
+    ("embeddings.LayerNorm.weight", "token_embd_norm.weight"),
+    ("embeddings.LayerNorm.bias", "token_embd_norm.bias"),
+    ("pooler.dense.weight", "cls.weight"),
+    ("pooler.dense.bias", "cls.bias"),
+    ("classifier.weight", "cls.output.weight"),
+    ("classifier.bias", "cls.output.bias"),
+];
+
+/// BERT's per-layer modules: Hugging Face name under `encoder.layer.N.`, GGUF name under
+/// `blk.N.`; each has a `.weight` and a `.bias`.
+const BERT_LAYER_MODULES: [(&str, &str); 8] = [
+    ("attention.self.query", "attn_q"),
+    ("attention.self.key", "attn_k"),
+    ("attention.self.value", "attn_v"),
+    ("attention.output.dense", "attn_output"),
+    ("attention.output.LayerNorm", "attn_output_norm"),
+    ("intermediate.dense", "ffn_up"),
+    ("output.dense", "ffn_down"),
+    ("output.LayerNorm", "layer_output_norm"),
+];
+
+/// The GGUF name of BERT tensor `hf`.
+fn bert_gguf_name(hf: &str) -> Option<String> {
+    if let Some((_, g)) = BERT_TENSORS.iter().find(|(h, _)| *h == hf) {
+        return Some(g.to_string());
+    }
+    let (layer, rest) = hf.strip_prefix("encoder.layer.")?.split_once('.')?;
+    let (module, kind) = rest.rsplit_once('.')?;
+    if kind != "weight" && kind != "bias" {
+        return None;
+    }
+    let (_, g) = BERT_LAYER_MODULES.iter().find(|(h, _)| *h == module)?;
+    Some(format!("blk.{layer}.{g}.{kind}"))
+}
+
+/// The Hugging Face name of BERT GGUF tensor `gguf` (the inverse of [`bert_gguf_name`]).
+fn bert_hf_name(gguf: &str) -> Option<String> {
+    if let Some((h, _)) = BERT_TENSORS.iter().find(|(_, g)| *g == gguf) {
+        return Some(h.to_string());
+    }
+    let (layer, rest) = gguf.strip_prefix("blk.")?.split_once('.')?;
+    let (module, kind) = rest.rsplit_once('.')?;
+    if kind != "weight" && kind != "bias" {
+        return None;
+    }
+    let (h, _) = BERT_LAYER_MODULES.iter().find(|(_, g)| *g == module)?;
+    Some(format!("encoder.layer.{layer}.{h}.{kind}"))
+}
+
 /// A GGUF file as a [`TensorSource`].
 pub struct GgufSource {
     file: GgufFile,
@@ -55,6 +117,9 @@ impl GgufSource {
 
     /// The GGUF name of Hugging Face tensor `hf`, when the file's layout has one.
     pub fn gguf_name(&self, hf: &str) -> Option<String> {
+        if self.arch == Architecture::Bert {
+            return bert_gguf_name(hf);
+        }
         let direct = match hf {
             "model.embed_tokens.weight" => Some("token_embd.weight"),
             "model.norm.weight" => Some("output_norm.weight"),
@@ -92,6 +157,9 @@ impl GgufSource {
 
     /// The Hugging Face name of GGUF tensor `gguf` (the inverse of [`GgufSource::gguf_name`]).
     pub fn hf_name(&self, gguf: &str) -> Option<String> {
+        if self.arch == Architecture::Bert {
+            return bert_hf_name(gguf);
+        }
         let mut candidates: Vec<String> = ["model.embed_tokens.weight", "model.norm.weight"]
             .into_iter()
             .chain(["lm_head.weight"])

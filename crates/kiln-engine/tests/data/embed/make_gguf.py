@@ -1,0 +1,68 @@
+"""Converts the tiny BERT checkpoints of this folder to GGUF with llama.cpp's own converter, so
+kiln's GGUF BERT path is tested on files as llama.cpp writes them, and adds what transformers
+makes of the reranker's GGUF to `expected.json`.
+
+    python make_gguf.py /path/to/llama.cpp   # needs torch and transformers; run after make_reference.py
+
+llama.cpp's converter recognizes a tokenizer by hashing how it splits a test text; these
+vocabularies are trained here and unknown to it, so the pre-tokenizer name is forced to
+`bert-bge` (what bge-small gets; a WordPiece vocabulary's pre-tokenizer name changes nothing
+in llama.cpp). The converter leaves a `BertForSequenceClassification`'s pooler out of the file,
+so the reranker's GGUF scores each pair by the classifier on the first token's final state;
+`bert-rerank-gguf` holds transformers' scores computed that way."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+from transformers import BertForSequenceClassification, PreTrainedTokenizerFast
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHIM = """
+import runpy, sys
+tree = sys.argv.pop(1)
+sys.path[:0] = [tree, tree + "/gguf-py"]
+from conversion import base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "bert-bge"
+sys.argv[0] = tree + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def convert(tree, name):
+    out = os.path.join(HERE, f"{name}.gguf")
+    subprocess.run([sys.executable, "-c", SHIM, tree, os.path.join(HERE, name),
+                    "--outtype", "f32", "--outfile", out], check=True)
+
+
+def rerank_without_pooler(rows):
+    folder = os.path.join(HERE, "bert-rerank")
+    model = BertForSequenceClassification.from_pretrained(folder).eval()
+    fast = PreTrainedTokenizerFast.from_pretrained(folder)
+    out = []
+    with torch.no_grad():
+        for r in rows:
+            enc = fast(r["query"], r["document"], return_tensors="pt",
+                       return_token_type_ids=True)
+            first = model.bert(**enc).last_hidden_state[:, 0]
+            score = model.classifier(first)[0, 0].item()
+            out.append({**r, "score": score})
+    return out
+
+
+def main():
+    tree = sys.argv[1]
+    for name in ["bert-cls", "bert-mean", "bert-rerank"]:
+        convert(tree, name)
+    path = os.path.join(HERE, "expected.json")
+    with open(path) as f:
+        expected = json.load(f)
+    expected["bert-rerank-gguf"] = rerank_without_pooler(expected["bert-rerank"])
+    with open(path, "w") as f:
+        json.dump(expected, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
