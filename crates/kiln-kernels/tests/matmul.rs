@@ -25,20 +25,27 @@ fn check_matmul(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, seed: u
             let act = qa.row(0).unwrap();
             let want = vec_dot(ty, w.row(r).unwrap(), act).unwrap();
             let got = out[t * rows + r];
-            let interleaved = n_tokens > 1
-                && cpu_level() == CpuLevel::Avx512
-                && matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0);
+            // Several tokens of float weights go through register blocks (one accumulator per
+            // lane, summed at the end), not the row dot's order.
+            let float_blocks = n_tokens > 1 && cpu_level() >= CpuLevel::Avx2 && ty.is_float();
+            let interleaved = float_blocks
+                || n_tokens > 1
+                    && cpu_level() == CpuLevel::Avx512
+                    && matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0);
             if interleaved {
                 let mut wd = vec![0.0f32; cols];
                 dequantize_row(ty, w.row(r).unwrap(), &mut wd).unwrap();
-                let ActRow::Q8_0(blocks) = act else { panic!() };
+                let acts: Vec<f32> = match act {
+                    ActRow::Q8_0(blocks) => blocks
+                        .iter()
+                        .flat_map(|b| b.qs.map(|q| b.d.to_f32() * q as f32))
+                        .collect(),
+                    ActRow::F32(x) => x.to_vec(),
+                    _ => panic!("unexpected activation format"),
+                };
                 let mag: f64 = wd
                     .iter()
-                    .zip(
-                        blocks
-                            .iter()
-                            .flat_map(|b| b.qs.map(|q| b.d.to_f32() * q as f32)),
-                    )
+                    .zip(acts)
                     .map(|(&x, y)| (x as f64 * y as f64).abs())
                     .sum();
                 assert!(
@@ -66,7 +73,10 @@ fn matmul_equals_rowwise_dot() {
     check_matmul(GgmlType::Q3_K, 70, 512, 2, 17);
     check_matmul(GgmlType::Q2_K, 70, 512, 2, 18);
     check_matmul(GgmlType::F16, 129, 40, 3, 9);
+    check_matmul(GgmlType::F16, 130, 771, 13, 12);
     check_matmul(GgmlType::F32, 129, 40, 3, 10);
+    check_matmul(GgmlType::F32, 67, 300, 8, 13);
+    check_matmul(GgmlType::BF16, 70, 100, 7, 14);
     check_matmul(GgmlType::BF16, 3, 40, 1, 11);
 }
 

@@ -2,6 +2,7 @@
 //! pool tasks, each task reading its weight rows once per token tile.
 
 pub mod dense;
+mod float;
 pub mod tile;
 
 use std::ops::Range;
@@ -244,6 +245,10 @@ pub fn matmul_at(
     let format = ActFormat::for_weight(w.ty)?;
     let level = level.clamp_to_hardware();
     let (ty, cols, rb, data) = (w.ty, w.cols, w.row_bytes, w.data);
+    if format == ActFormat::F32 && n_tokens > 1 && float::supported(level, ty) {
+        float::matmul_float(level, ty, data, rb, w.rows, cols, x, n_tokens, out);
+        return Ok(());
+    }
     if format == ActFormat::F32 {
         // Float weights read the f32 activations in place; no copy into scratch.
         par_drive(w.rows, n_tokens, out, |r, t| {
