@@ -8,9 +8,5 @@
 # The files are weights: they stay outside the repository (or in ignored paths), never committed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/target/bench-venv"
-if [[ ! -x "$VENV/bin/python" ]] || ! "$VENV/bin/python" -c 'import gguf, numpy' 2>/dev/null; then
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet 'gguf==0.19.0' 'numpy>=1.26,<3'
-fi
-exec "$VENV/bin/python" "$ROOT/bench/synth_bert.py" "$@"
+PYTHON="$("$ROOT/bench/bench_venv.sh")"
+exec "$PYTHON" "$ROOT/bench/synth_bert.py" "$@"

@@ -8,15 +8,11 @@
 # The files are weights: they stay outside the repository (or in ignored paths), never committed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/target/bench-venv"
-if [[ ! -x "$VENV/bin/python" ]] || ! "$VENV/bin/python" -c 'import gguf, numpy' 2>/dev/null; then
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet 'gguf==0.19.0' 'numpy>=1.26,<3'
-fi
+PYTHON="$("$ROOT/bench/bench_venv.sh")"
 ARGS=("$@")
 if [[ " $* " != *" --donor "* && " $* " != *" -h "* && " $* " != *" --help "* ]]; then
     KILN_BIN="${KILN_BIN:-$ROOT/target/release/kiln}"
     [[ -x "$KILN_BIN" ]] || { echo "synth_model.sh: no --donor and no kiln at $KILN_BIN to pull the starter" >&2; exit 2; }
     ARGS+=(--donor "$("$KILN_BIN" pull --quiet | tail -n 1)")
 fi
-exec "$VENV/bin/python" "$ROOT/bench/synth_model.py" "${ARGS[@]}"
+exec "$PYTHON" "$ROOT/bench/synth_model.py" "${ARGS[@]}"

@@ -172,7 +172,7 @@ pub(crate) fn string_array(
 
 /// A token-id key, checked against the vocabulary size. Negative ids mean "none" (some
 /// converters write -1).
-fn token_id(
+pub(crate) fn token_id(
     meta: &BTreeMap<String, MetaValue>,
     key: &str,
     n: usize,

@@ -14,7 +14,7 @@ use tokenizers::normalizers::BertNormalizer;
 use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::processors::bert::BertProcessing;
 
-use super::gguf_meta::{GgufVocab, get_bool, token_type};
+use super::gguf_meta::{GgufVocab, get_bool, token_id, token_type};
 use super::{KilnTokenizer, special};
 use crate::ModelError;
 use crate::gguf::MetaValue;
@@ -35,21 +35,18 @@ pub(super) fn build(
     let pieces: Vec<String> = (vocab.tokens.iter().zip(&vocab.types))
         .map(|(t, ty)| original_piece(t, *ty))
         .collect();
-    let in_vocab = |id: u32| (id as usize) < pieces.len();
+    // Every id below is inside the vocabulary: `token_id` and `GgufVocab::read` check the
+    // file's, the filter llama.cpp's defaults.
+    let n = pieces.len();
+    let default = |id: u32| Some(id).filter(|&id| (id as usize) < n);
     let cls = (vocab.bos_id)
-        .or_else(|| special_id(meta, "tokenizer.ggml.cls_token_id"))
-        .or(Some(DEFAULT_CLS).filter(|&id| in_vocab(id)))
+        .or(token_id(meta, "tokenizer.ggml.cls_token_id", n)?)
+        .or(default(DEFAULT_CLS))
         .ok_or_else(|| no_special("[CLS]", "tokenizer.ggml.bos_token_id"))?;
-    let sep = special_id(meta, "tokenizer.ggml.seperator_token_id")
+    let sep = token_id(meta, "tokenizer.ggml.seperator_token_id", n)?
         .or(vocab.eos_id)
-        .or(Some(DEFAULT_SEP).filter(|&id| in_vocab(id)))
+        .or(default(DEFAULT_SEP))
         .ok_or_else(|| no_special("[SEP]", "tokenizer.ggml.seperator_token_id"))?;
-    if !in_vocab(cls) || !in_vocab(sep) {
-        return Err(ModelError::Tokenizer(format!(
-            "[CLS] id {cls} or [SEP] id {sep} is outside the {}-token vocabulary",
-            pieces.len()
-        )));
-    }
 
     let mut builder = WordPiece::builder()
         .vocab(super::gguf_bpe::vocab_map(&pieces))
@@ -99,13 +96,6 @@ fn original_piece(stored: &str, ty: i64) -> String {
         Some(word_start) => word_start.to_string(),
         None => format!("{CONTINUATION}{stored}"),
     }
-}
-
-/// A special-token id key, when present and non-negative.
-fn special_id(meta: &BTreeMap<String, MetaValue>, key: &str) -> Option<u32> {
-    meta.get(key)
-        .and_then(MetaValue::as_i64)
-        .and_then(|i| u32::try_from(i).ok())
 }
 
 fn no_special(token: &str, key: &str) -> ModelError {
