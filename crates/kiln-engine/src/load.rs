@@ -74,9 +74,9 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> Result<LoadedModel<B>
     eos_ids.extend(tokenizer.eos_ids());
     eos_ids.sort_unstable();
     eos_ids.dedup();
-    if files.config.arch == kiln_model::config::Architecture::Bert && files.embedding.is_none() {
+    if files.config.arch.is_encoder() && files.embedding.is_none() {
         return Err(EngineError::Request(format!(
-            "{}: a BERT encoder serves embeddings only, and this folder names no pooling (sentence-transformers' modules.json and 1_Pooling/config.json)",
+            "{}: an encoder serves embeddings only, and this folder names no pooling (sentence-transformers' modules.json and 1_Pooling/config.json)",
             path.display()
         )));
     }

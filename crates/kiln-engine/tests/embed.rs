@@ -191,6 +191,26 @@ fn bert_ggufs_written_by_llama_cpp_embed_as_sentence_transformers_does() {
 }
 
 #[test]
+fn nomic_bert_in_nomics_layout_and_as_llama_cpp_converts_it_matches_sentence_transformers() {
+    for model in ["nomic-mean", "nomic-mean.gguf"] {
+        let cpu = CpuBackend::new(CpuOptions { dense: false });
+        check(
+            engine(cpu, model, 2, KvScheme::dense(DenseDtype::default())),
+            "nomic-mean",
+        );
+    }
+    check(
+        engine(
+            ReferenceBackend,
+            "nomic-mean",
+            3,
+            KvScheme::dense(DenseDtype::F32),
+        ),
+        "nomic-mean",
+    );
+}
+
+#[test]
 fn a_bert_cross_encoder_scores_pairs_as_transformers_does() {
     check_reranker("bert-rerank", "bert-rerank");
 }

@@ -59,7 +59,7 @@ impl ModelFiles {
         let config = config_from_gguf(path, gguf.header())?;
         let embedding =
             match crate::embedding::embedding_from_gguf(path, gguf.header(), config.arch.name())? {
-                None if config.arch == crate::config::Architecture::Bert => {
+                None if config.arch.is_encoder() => {
                     Some(crate::embedding::bert_gguf_default(gguf.header()))
                 }
                 e => e,
@@ -90,9 +90,7 @@ impl ModelFiles {
         let source = SafetensorsSource::open_with_quantization(dir, quantization)?;
         let embedding = match crate::embedding::embedding_from_hf(dir)? {
             Some(e) => Some(e),
-            None if config.arch == crate::config::Architecture::Bert => {
-                crate::embedding::reranker_from_hf(&json)
-            }
+            None if config.arch.is_encoder() => crate::embedding::reranker_from_hf(&json),
             None => None,
         };
         Ok(Self {

@@ -978,6 +978,42 @@ fn config_odd_head_dim() {
 }
 
 #[test]
+fn config_encoder_variants_kiln_does_not_run() {
+    let nomic = |key: &'static str, v: Value| {
+        move |c: &mut serde_json::Map<String, Value>| {
+            c.insert("model_type".into(), json!("nomic_bert"));
+            for k in ["hidden_size", "num_hidden_layers", "num_attention_heads"] {
+                c.remove(k);
+            }
+            c.insert("n_embd".into(), json!(16));
+            c.insert("n_layer".into(), json!(1));
+            c.insert("n_head".into(), json!(2));
+            c.insert(key.into(), v);
+        }
+    };
+    assert_config_refused(nomic("prenorm", json!(true)), &["prenorm", "nomic-bert"]);
+    assert_config_refused(nomic("rotary_emb_fraction", json!(0.5)), &["rotary_emb_fraction"]);
+    assert_config_refused(nomic("qkv_proj_bias", json!(true)), &["qkv_proj_bias"]);
+    assert_config_refused(
+        nomic("activation_function", json!("gelu")),
+        &["activation_function", "swiglu"],
+    );
+    assert_config_refused(
+        |c| {
+            c.insert("model_type".into(), json!("xlm-roberta"));
+            c.insert("hidden_act".into(), json!("gelu"));
+            c.insert("max_position_embeddings".into(), json!(4));
+            c.insert("pad_token_id".into(), json!(3));
+        },
+        &["pad_token_id", "no positions"],
+    );
+    assert_config_refused(
+        |c| drop(c.insert("model_type".into(), json!("bert"))),
+        &["hidden_act", "gelu"],
+    );
+}
+
+#[test]
 fn config_zero_vocab() {
     assert_config_refused(
         |c| drop(c.insert("vocab_size".into(), json!(0))),

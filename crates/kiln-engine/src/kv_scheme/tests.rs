@@ -518,6 +518,7 @@ fn smollm2() -> ModelConfig {
         qk_norm: false,
         norm_weight_offset: 0.0,
         embedding_scale: None,
+        position_offset: 0,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
     }

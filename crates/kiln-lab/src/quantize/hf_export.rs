@@ -21,7 +21,11 @@ pub fn config_json(cfg: &ModelConfig) -> Result<Value, LabError> {
         Architecture::Qwen2 => "qwen2",
         Architecture::Qwen3 => "qwen3",
         Architecture::Gemma3 => return Err(unsupported("Gemma 3 is not supported yet")),
-        Architecture::Bert => return Err(unsupported("BERT encoders are not supported yet")),
+        Architecture::Bert | Architecture::NomicBert => {
+            return Err(unsupported(
+                "encoders (BERT, nomic-bert) are not supported yet",
+            ));
+        }
     };
     if cfg.rope_global.scaling != RopeScaling::None {
         return Err(unsupported("scaled RoPE is not supported yet"));

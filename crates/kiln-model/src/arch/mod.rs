@@ -2,8 +2,8 @@
 //! that Llama, Qwen2, Qwen3 and Gemma 3 share lives in `decoder`; each architecture's file says
 //! which tensors it has and how its block differs.
 
-mod bert;
 mod decoder;
+mod encoder;
 mod gemma3;
 mod llama;
 mod model;

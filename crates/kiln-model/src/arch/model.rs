@@ -1,8 +1,8 @@
 //! A loaded model: weights on a backend plus its config. Stateless across calls: the KV store is
 //! the caller's.
 
-use super::bert;
 use super::decoder::{self, ForwardCtx, Layer};
+use super::encoder;
 use super::{gemma3, llama, qwen2, qwen3};
 use crate::ModelError;
 use crate::backend::{Backend, BatchLayout, KvStore, MatrixRole, RopeAngles};
@@ -60,7 +60,7 @@ pub struct Model<B: Backend> {
     norm: Option<B::Vector>,
     lm_head: Option<B::Matrix>,
     /// A BERT encoder's own tensors (`None` for decoders).
-    encoder: Option<Box<bert::Encoder<B>>>,
+    encoder: Option<Box<encoder::Encoder<B>>>,
     inv_freq_global: Vec<f32>,
     inv_freq_local: Vec<f32>,
 }
@@ -98,7 +98,9 @@ impl<B: Backend> Model<B> {
             Architecture::Qwen2 => &qwen2::SPEC,
             Architecture::Qwen3 => &qwen3::SPEC,
             Architecture::Gemma3 => &gemma3::SPEC,
-            Architecture::Bert => return Self::load_encoder(backend, src, config),
+            Architecture::Bert | Architecture::NomicBert => {
+                return Self::load_encoder(backend, src, config);
+            }
         };
         let (v, h) = (config.vocab_size, config.hidden_size);
         let embed = decoder::matrix_as(
@@ -145,9 +147,9 @@ impl<B: Backend> Model<B> {
         config: ModelConfig,
     ) -> Result<Self, ModelError> {
         let (v, h) = (config.vocab_size, config.hidden_size);
-        let name = bert::word_embeddings(src);
+        let name = encoder::word_embeddings(src);
         let embed = decoder::matrix_as(backend, src, &name, MatrixRole::Embedding, v, h)?;
-        let encoder = bert::Encoder::load(backend, src, &config)?;
+        let encoder = encoder::Encoder::load(backend, src, &config)?;
         Ok(Self {
             inv_freq_global: Vec::new(),
             inv_freq_local: Vec::new(),

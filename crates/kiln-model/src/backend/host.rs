@@ -59,6 +59,32 @@ impl HostTensor {
         self.bytes = out;
         Ok(())
     }
+
+    /// Cuts the tensor into consecutive blocks of `rows[i]` rows (a fused Q/K/V projection into
+    /// its three); the counts must add up to the tensor's rows.
+    pub fn split_rows(&self, rows: &[usize]) -> Result<Vec<HostTensor>, ModelError> {
+        let rb = self.row_bytes()?;
+        if rows.iter().sum::<usize>() != self.rows || self.bytes.len() != rb * self.rows {
+            return Err(ModelError::Forward(format!(
+                "cannot split {} rows into {rows:?}",
+                self.rows
+            )));
+        }
+        let mut start = 0;
+        Ok(rows
+            .iter()
+            .map(|&n| {
+                let bytes = self.bytes[start * rb..(start + n) * rb].to_vec();
+                start += n;
+                HostTensor {
+                    ty: self.ty,
+                    rows: n,
+                    cols: self.cols,
+                    bytes,
+                }
+            })
+            .collect())
+    }
 }
 
 /// Row-major f32 activations `[rows, cols]`.

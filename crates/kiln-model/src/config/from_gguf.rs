@@ -79,6 +79,7 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
         "qwen3" => Architecture::Qwen3,
         "gemma3" => Architecture::Gemma3,
         "bert" => Architecture::Bert,
+        "nomic-bert" => Architecture::NomicBert,
         other => {
             return Err(ModelError::UnsupportedArchitecture {
                 path: path.into(),
@@ -129,7 +130,7 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
     };
     let rope_global = RopeConfig { theta, scaling };
     let gemma = arch == Architecture::Gemma3;
-    let bert = arch == Architecture::Bert;
+    let bert = arch.is_encoder();
     let window = m.opt_usize("attention.sliding_window")?;
     let layer_attention = match (gemma, window) {
         (true, Some(window)) if window > 0 => (0..num_layers)
@@ -176,11 +177,13 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
             Activation::Silu
         },
         attention_scale: 1.0 / (head_dim as f32).sqrt(),
-        attention_bias: bert || header.tensor("blk.0.attn_q.bias").is_some(),
+        attention_bias: arch == Architecture::Bert || header.tensor("blk.0.attn_q.bias").is_some(),
         qk_norm: header.tensor("blk.0.attn_q_norm.weight").is_some(),
         // llama.cpp's converter stores Gemma norm weights with the +1 already added.
         norm_weight_offset: 0.0,
         embedding_scale: gemma.then(|| (hidden_size as f32).sqrt()),
+        // llama.cpp's converter drops RoBERTa's padding rows from the position table.
+        position_offset: 0,
         bos_token_id: m.token_id("tokenizer.ggml.bos_token_id"),
         eos_token_ids: eos.into_iter().chain(eot).collect(),
     };

@@ -123,7 +123,11 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
         "gemma3_text" | "gemma3" => Architecture::Gemma3,
-        "bert" => Architecture::Bert,
+        "bert" | "roberta" | "xlm-roberta" => Architecture::Bert,
+        "nomic_bert" if super::nomic::has_nomic_keys(json) => {
+            return config_from_hf_json(path, &super::nomic::standard_keys(path, json)?);
+        }
+        "nomic_bert" => Architecture::NomicBert,
         other => {
             return Err(ModelError::UnsupportedArchitecture {
                 path: path.into(),
@@ -192,10 +196,18 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
         .or_else(|| json.get("hidden_act"))
         .and_then(Value::as_str)
         .unwrap_or(if gemma { "gelu_pytorch_tanh" } else { "silu" });
-    if arch == Architecture::Bert && act_name != "gelu" {
+    let encoder_act = match arch {
+        Architecture::Bert => Some("gelu"),
+        Architecture::NomicBert => Some("silu"),
+        _ => None,
+    };
+    if let Some(want) = encoder_act.filter(|want| *want != act_name) {
         return Err(f.err(
             "hidden_act",
-            format!("a BERT encoder with {act_name:?} is not supported (exact \"gelu\" is)"),
+            format!(
+                "a {} encoder with {act_name:?} is not supported ({want:?} is)",
+                arch.name()
+            ),
         ));
     }
     let activation = match act_name {
@@ -212,6 +224,8 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
         .opt_f32("query_pre_attn_scalar")?
         .filter(|_| gemma)
         .unwrap_or(head_dim as f32);
+    let table_positions = f.opt_usize("max_position_embeddings")?.unwrap_or(4096);
+    let position_offset = roberta_offset(&f, model_type, table_positions)?;
     let cfg = ModelConfig {
         arch,
         vocab_size: f.usize("vocab_size")?,
@@ -222,14 +236,16 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
         num_kv_heads: f.opt_usize("num_key_value_heads")?.unwrap_or(num_heads),
         head_dim,
         rms_norm_eps: match arch {
-            Architecture::Bert => f.opt_f32("layer_norm_eps")?.unwrap_or(1e-12),
+            Architecture::Bert | Architecture::NomicBert => {
+                f.opt_f32("layer_norm_eps")?.unwrap_or(1e-12)
+            }
             _ => f.opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
         },
         layer_attention,
         rope_global,
         rope_local,
-        max_position_embeddings: f.opt_usize("max_position_embeddings")?.unwrap_or(4096),
-        tie_word_embeddings: arch == Architecture::Bert
+        max_position_embeddings: table_positions - position_offset,
+        tie_word_embeddings: arch.is_encoder()
             || f.opt_bool("tie_word_embeddings")?.unwrap_or(gemma),
         activation,
         attention_scale: 1.0 / query_scale.sqrt(),
@@ -238,11 +254,28 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
         qk_norm: matches!(arch, Architecture::Qwen3 | Architecture::Gemma3),
         norm_weight_offset: if gemma { 1.0 } else { 0.0 },
         embedding_scale: gemma.then(|| (hidden_size as f32).sqrt()),
+        position_offset,
         bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
         eos_token_ids: f.token_ids("eos_token_id")?,
     };
     cfg.validate().map_err(|reason| f.err("config", reason))?;
     Ok(cfg)
+}
+
+/// RoBERTa numbers positions from its padding index + 1 (the table's first rows are never
+/// read); 0 for every other model.
+fn roberta_offset(f: &Fields<'_>, model_type: &str, table: usize) -> Result<usize, ModelError> {
+    if !matches!(model_type, "roberta" | "xlm-roberta") {
+        return Ok(0);
+    }
+    let pad = f.opt_usize("pad_token_id")?.unwrap_or(1);
+    match pad.checked_add(1).filter(|offset| *offset < table) {
+        Some(offset) => Ok(offset),
+        None => Err(f.err(
+            "pad_token_id",
+            format!("{pad} leaves no positions in a table of {table}"),
+        )),
+    }
 }
 
 fn merge_model_type(text: &Value, model_type: &str) -> Value {

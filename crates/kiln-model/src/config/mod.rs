@@ -1,10 +1,11 @@
-//! The architecture-independent description of a decoder-only transformer, read from a Hugging
+//! The architecture-independent description of a transformer (decoder or encoder), read from a Hugging
 //! Face `config.json` or from GGUF metadata.
 
 mod from_gguf;
 pub use from_gguf::config_from_gguf;
 pub use from_hf::config_from_hf_json;
 mod from_hf;
+mod nomic;
 mod rope;
 
 pub use rope::{RopeConfig, RopeScaling};
@@ -34,8 +35,12 @@ pub enum Architecture {
     /// Gemma 3 text: sandwich norms, interleaved sliding/global attention, scaled embeddings.
     Gemma3,
     /// BERT encoders (bge, e5, all-MiniLM): bidirectional attention, post-LayerNorm, GELU,
-    /// learned absolute positions; embeddings only.
+    /// learned absolute positions; embeddings only. RoBERTa and XLM-RoBERTa (bge-reranker) are
+    /// this architecture with a position offset.
     Bert,
+    /// nomic-bert (nomic-embed-text): BERT's post-norm encoder with rotary positions, a SwiGLU
+    /// MLP and no biases; embeddings only.
+    NomicBert,
 }
 
 impl Architecture {
@@ -47,7 +52,13 @@ impl Architecture {
             Self::Qwen3 => "qwen3",
             Self::Gemma3 => "gemma3",
             Self::Bert => "bert",
+            Self::NomicBert => "nomic-bert",
         }
+    }
+
+    /// Whether this is a bidirectional encoder (embeddings and reranking only, no generation).
+    pub fn is_encoder(self) -> bool {
+        matches!(self, Self::Bert | Self::NomicBert)
     }
 }
 
@@ -115,6 +126,9 @@ pub struct ModelConfig {
     pub norm_weight_offset: f32,
     /// Multiplier for embeddings (Gemma: `sqrt(hidden_size)`), if any.
     pub embedding_scale: Option<f32>,
+    /// Row of a learned position table that position 0 reads: 0, or RoBERTa's padding index + 1
+    /// (its tables keep rows for the padding); 0 for models without such a table.
+    pub position_offset: usize,
     /// Beginning-of-sequence token, if the model declares one.
     pub bos_token_id: Option<u32>,
     /// End-of-sequence tokens declared by the model config.
@@ -166,7 +180,7 @@ impl ModelConfig {
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if !self.head_dim.is_multiple_of(2) {
+        if self.arch != Architecture::Bert && !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim {} must be even for RoPE", self.head_dim));
         }
         if self.layer_attention.len() != self.num_layers {

@@ -63,32 +63,77 @@ const BERT_LAYER_MODULES: [(&str, &str); 8] = [
     ("output.LayerNorm", "layer_output_norm"),
 ];
 
-/// The GGUF name of BERT tensor `hf`.
-fn bert_gguf_name(hf: &str) -> Option<String> {
-    if let Some((_, g)) = BERT_TENSORS.iter().find(|(h, _)| *h == hf) {
-        return Some(g.to_string());
-    }
-    let (layer, rest) = hf.strip_prefix("encoder.layer.")?.split_once('.')?;
-    let (module, kind) = rest.rsplit_once('.')?;
-    if kind != "weight" && kind != "bias" {
-        return None;
-    }
-    let (_, g) = BERT_LAYER_MODULES.iter().find(|(h, _)| *h == module)?;
-    Some(format!("blk.{layer}.{g}.{kind}"))
+/// nomic-bert's whole-model tensors: nomic's Hugging Face name and llama.cpp's GGUF name.
+const NOMIC_TENSORS: [(&str, &str); 4] = [
+    ("embeddings.word_embeddings.weight", "token_embd.weight"),
+    (
+        "embeddings.token_type_embeddings.weight",
+        "token_types.weight",
+    ),
+    ("emb_ln.weight", "token_embd_norm.weight"),
+    ("emb_ln.bias", "token_embd_norm.bias"),
+];
+
+/// nomic-bert's per-layer modules: Hugging Face name under `encoder.layers.N.`, GGUF name under
+/// `blk.N.` (the fused Q/K/V projection stays fused).
+const NOMIC_LAYER_MODULES: [(&str, &str); 7] = [
+    ("attn.Wqkv", "attn_qkv"),
+    ("attn.out_proj", "attn_output"),
+    ("norm1", "attn_output_norm"),
+    ("mlp.fc11", "ffn_up"),
+    ("mlp.fc12", "ffn_gate"),
+    ("mlp.fc2", "ffn_down"),
+    ("norm2", "layer_output_norm"),
+];
+
+/// An encoder's names in both layouts: whole-model tensors, the Hugging Face prefix of layer
+/// `N`'s modules (`encoder.layer.` + N) and the per-layer modules.
+struct EncoderNames {
+    tensors: &'static [(&'static str, &'static str)],
+    layer_prefix: &'static str,
+    modules: &'static [(&'static str, &'static str)],
 }
 
-/// The Hugging Face name of BERT GGUF tensor `gguf` (the inverse of [`bert_gguf_name`]).
-fn bert_hf_name(gguf: &str) -> Option<String> {
-    if let Some((h, _)) = BERT_TENSORS.iter().find(|(_, g)| *g == gguf) {
-        return Some(h.to_string());
+const BERT_NAMES: EncoderNames = EncoderNames {
+    tensors: &BERT_TENSORS,
+    layer_prefix: "encoder.layer.",
+    modules: &BERT_LAYER_MODULES,
+};
+
+const NOMIC_NAMES: EncoderNames = EncoderNames {
+    tensors: &NOMIC_TENSORS,
+    layer_prefix: "encoder.layers.",
+    modules: &NOMIC_LAYER_MODULES,
+};
+
+impl EncoderNames {
+    /// The GGUF name of Hugging Face tensor `hf`.
+    fn gguf_name(&self, hf: &str) -> Option<String> {
+        if let Some((_, g)) = self.tensors.iter().find(|(h, _)| *h == hf) {
+            return Some(g.to_string());
+        }
+        let (layer, rest) = hf.strip_prefix(self.layer_prefix)?.split_once('.')?;
+        let (module, kind) = rest.rsplit_once('.')?;
+        if kind != "weight" && kind != "bias" {
+            return None;
+        }
+        let (_, g) = self.modules.iter().find(|(h, _)| *h == module)?;
+        Some(format!("blk.{layer}.{g}.{kind}"))
     }
-    let (layer, rest) = gguf.strip_prefix("blk.")?.split_once('.')?;
-    let (module, kind) = rest.rsplit_once('.')?;
-    if kind != "weight" && kind != "bias" {
-        return None;
+
+    /// The Hugging Face name of GGUF tensor `gguf` (the inverse of [`EncoderNames::gguf_name`]).
+    fn hf_name(&self, gguf: &str) -> Option<String> {
+        if let Some((h, _)) = self.tensors.iter().find(|(_, g)| *g == gguf) {
+            return Some(h.to_string());
+        }
+        let (layer, rest) = gguf.strip_prefix("blk.")?.split_once('.')?;
+        let (module, kind) = rest.rsplit_once('.')?;
+        if kind != "weight" && kind != "bias" {
+            return None;
+        }
+        let (h, _) = self.modules.iter().find(|(_, g)| *g == module)?;
+        Some(format!("{}{layer}.{h}.{kind}", self.layer_prefix))
     }
-    let (h, _) = BERT_LAYER_MODULES.iter().find(|(_, g)| *g == module)?;
-    Some(format!("encoder.layer.{layer}.{h}.{kind}"))
 }
 
 /// A GGUF file as a [`TensorSource`].
@@ -110,6 +155,14 @@ impl GgufSource {
         }
     }
 
+    fn encoder_names(&self) -> Option<&'static EncoderNames> {
+        match self.arch {
+            Architecture::Bert => Some(&BERT_NAMES),
+            Architecture::NomicBert => Some(&NOMIC_NAMES),
+            _ => None,
+        }
+    }
+
     /// The underlying file.
     pub fn file(&self) -> &GgufFile {
         &self.file
@@ -117,8 +170,8 @@ impl GgufSource {
 
     /// The GGUF name of Hugging Face tensor `hf`, when the file's layout has one.
     pub fn gguf_name(&self, hf: &str) -> Option<String> {
-        if self.arch == Architecture::Bert {
-            return bert_gguf_name(hf);
+        if let Some(names) = self.encoder_names() {
+            return names.gguf_name(hf);
         }
         let direct = match hf {
             "model.embed_tokens.weight" => Some("token_embd.weight"),
@@ -157,8 +210,8 @@ impl GgufSource {
 
     /// The Hugging Face name of GGUF tensor `gguf` (the inverse of [`GgufSource::gguf_name`]).
     pub fn hf_name(&self, gguf: &str) -> Option<String> {
-        if self.arch == Architecture::Bert {
-            return bert_hf_name(gguf);
+        if let Some(names) = self.encoder_names() {
+            return names.hf_name(gguf);
         }
         let mut candidates: Vec<String> = ["model.embed_tokens.weight", "model.norm.weight"]
             .into_iter()

@@ -2,14 +2,18 @@
 kiln's GGUF BERT path is tested on files as llama.cpp writes them, and adds what transformers
 makes of the reranker's GGUF to `expected.json`.
 
-    python make_gguf.py /path/to/llama.cpp   # needs torch and transformers; run after make_reference.py
+    python make_gguf.py /path/to/llama.cpp [NAME...]   # needs torch and transformers; run after make_reference.py
 
 llama.cpp's converter recognizes a tokenizer by hashing how it splits a test text; these
 vocabularies are trained here and unknown to it, so the pre-tokenizer name is forced to
 `bert-bge` (what bge-small gets; a WordPiece vocabulary's pre-tokenizer name changes nothing
 in llama.cpp). The converter leaves a `BertForSequenceClassification`'s pooler out of the file,
 so the reranker's GGUF scores each pair by the classifier on the first token's final state;
-`bert-rerank-gguf` holds transformers' scores computed that way."""
+`bert-rerank-gguf` holds transformers' scores computed that way.
+
+transformers 5 has a native `NomicBertConfig` that ignores nomic's own config keys (`n_embd`,
+`n_layer`, …), and the converter reads configs through AutoConfig first, so it would write
+BERT-base's defaults into the header; the shim makes it read nomic's config.json as it is."""
 
 import json
 import os
@@ -24,8 +28,15 @@ SHIM = """
 import runpy, sys
 tree = sys.argv.pop(1)
 sys.path[:0] = [tree, tree + "/gguf-py"]
+import json
 from conversion import base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "bert-bge"
+raw_json = base.ModelBase.load_hparams
+def load_hparams(dir_model, is_mistral_format):
+    with open(dir_model / "config.json") as f:
+        config = json.load(f)
+    return config if config.get("model_type") == "nomic_bert" else raw_json(dir_model, is_mistral_format)
+base.ModelBase.load_hparams = staticmethod(load_hparams)
 sys.argv[0] = tree + "/convert_hf_to_gguf.py"
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -53,8 +64,8 @@ def rerank_without_pooler(rows):
 
 
 def main():
-    tree = sys.argv[1]
-    for name in ["bert-cls", "bert-mean", "bert-rerank"]:
+    tree, names = sys.argv[1], sys.argv[2:] or ["bert-cls", "bert-mean", "bert-rerank", "nomic-mean"]
+    for name in names:
         convert(tree, name)
     path = os.path.join(HERE, "expected.json")
     with open(path) as f:

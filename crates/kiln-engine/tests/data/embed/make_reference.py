@@ -1,7 +1,7 @@
 """Writes the tiny random embedding checkpoints kiln's embedding tests compare against, and
 what sentence-transformers makes of them.
 
-    python make_reference.py      # needs torch, transformers, sentence-transformers, tokenizers
+    python make_reference.py [NAME...]   # needs torch, transformers>=5, sentence-transformers
 
 Each checkpoint is a Hugging Face folder as sentence-transformers saves it (config.json,
 model.safetensors, tokenizer.json, modules.json, 1_Pooling/config.json, 2_Normalize/ when
@@ -14,14 +14,16 @@ everything it writes together."""
 import json
 import os
 import shutil
+import sys
 
 import torch
 from sentence_transformers import SentenceTransformer, models
 from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE, WordPiece
 from tokenizers.trainers import BpeTrainer, WordPieceTrainer
-from transformers import (BertConfig, BertForSequenceClassification, BertModel,
-                          PreTrainedTokenizerFast, Qwen3Config, Qwen3Model)
+from safetensors.torch import save_file
+from transformers import (BertConfig, BertForSequenceClassification, BertModel, NomicBertConfig,
+                          NomicBertModel, PreTrainedTokenizerFast, Qwen3Config, Qwen3Model)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = [
@@ -152,6 +154,61 @@ def bert_mean(out):
     return bert(out, "mean", normalize=False, seed=3)
 
 
+def nomic_mean(out):
+    """nomic-embed-text's shape (rotary positions, SwiGLU, no biases, post-norm) with mean
+    pooling, written as the Hugging Face hub ships it: nomic's own config keys and tensor names
+    (fused `attn.Wqkv`, `mlp.fc11`/`fc12`/`fc2`, `norm1`/`norm2`, `emb_ln`), which
+    transformers' NomicBertModel and llama.cpp's converter both read."""
+    tok = wordpiece()
+    torch.manual_seed(5)
+    cfg = NomicBertConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, intermediate_size=96, type_vocab_size=2,
+                          layer_norm_eps=1e-12, max_position_embeddings=2048,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+    model = randomized(NomicBertModel(cfg))
+    fast = bert_tokenizer(tok)
+    st = sentence_transformer(out, model, fast, 2048, "mean", normalize=True)
+    nomic_layout(out, model, cfg)
+    return st, fast
+
+
+def nomic_layout(out, model, cfg):
+    """Rewrites `out`'s config.json and model.safetensors with nomic's names."""
+    sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    renamed = {
+        "embeddings.word_embeddings.weight": sd.pop("embeddings.word_embeddings.weight"),
+        "embeddings.token_type_embeddings.weight": sd.pop("embeddings.token_type_embeddings.weight"),
+        "emb_ln.weight": sd.pop("embeddings.LayerNorm.weight"),
+        "emb_ln.bias": sd.pop("embeddings.LayerNorm.bias"),
+    }
+    for n in range(cfg.num_hidden_layers):
+        src, dst = f"layers.{n}.", f"encoder.layers.{n}."
+        qkv = [sd.pop(f"{src}self_attn.{x}_proj.weight") for x in "qkv"]
+        renamed[dst + "attn.Wqkv.weight"] = torch.cat(qkv, dim=0)
+        for a, b in [("self_attn.o_proj", "attn.out_proj"), ("mlp.up_proj", "mlp.fc11"),
+                     ("mlp.gate_proj", "mlp.fc12"), ("mlp.down_proj", "mlp.fc2")]:
+            renamed[f"{dst}{b}.weight"] = sd.pop(f"{src}{a}.weight")
+        for a, b in [("post_attention_layernorm", "norm1"), ("post_mlp_layernorm", "norm2")]:
+            for kind in ["weight", "bias"]:
+                renamed[f"{dst}{b}.{kind}"] = sd.pop(f"{src}{a}.{kind}")
+    left = [k for k in sd if "position_ids" not in k and "inv_freq" not in k]
+    assert not left, left
+    save_file(renamed, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    config = {
+        "architectures": ["NomicBertModel"], "model_type": "nomic_bert",
+        "vocab_size": cfg.vocab_size, "n_embd": cfg.hidden_size, "n_head": cfg.num_attention_heads,
+        "n_layer": cfg.num_hidden_layers, "n_inner": cfg.intermediate_size,
+        "n_positions": 8192, "max_trained_positions": 2048, "type_vocab_size": 2,
+        "layer_norm_epsilon": cfg.layer_norm_eps, "activation_function": "swiglu",
+        "rotary_emb_base": 1000, "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False,
+        "rotary_emb_scale_base": None, "rotary_scaling_factor": None, "causal": False,
+        "prenorm": False, "qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False,
+        "pad_token_id": 0, "bos_token_id": None, "eos_token_id": None,
+    }
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
 QUERY = "Which animal jumps over the dog?"
 DOCUMENTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -180,10 +237,22 @@ def bert_rerank(out):
     return rows
 
 
+EMBEDDERS = {"qwen3-last": qwen3_last, "qwen3-mean": qwen3_mean, "bert-cls": bert_cls,
+             "bert-mean": bert_mean, "nomic-mean": nomic_mean}
+
+
 def main():
+    """Rebuilds the checkpoints named on the command line (all when none), keeping the others'
+    entries in expected.json."""
+    names = sys.argv[1:] or list(EMBEDDERS) + ["bert-rerank"]
+    path = os.path.join(HERE, "expected.json")
     expected = {}
-    for name, make in [("qwen3-last", qwen3_last), ("qwen3-mean", qwen3_mean),
-                       ("bert-cls", bert_cls), ("bert-mean", bert_mean)]:
+    if sys.argv[1:] and os.path.exists(path):
+        with open(path) as f:
+            expected = json.load(f)
+    for name, make in EMBEDDERS.items():
+        if name not in names:
+            continue
         out = os.path.join(HERE, name)
         shutil.rmtree(out, ignore_errors=True)
         st, fast = make(out)
@@ -192,10 +261,11 @@ def main():
             {"text": t, "ids": fast(t)["input_ids"], "embedding": [float(x) for x in e]}
             for t, e in zip(INPUTS, emb)
         ]
-    out = os.path.join(HERE, "bert-rerank")
-    shutil.rmtree(out, ignore_errors=True)
-    expected["bert-rerank"] = bert_rerank(out)
-    with open(os.path.join(HERE, "expected.json"), "w") as f:
+    if "bert-rerank" in names:
+        out = os.path.join(HERE, "bert-rerank")
+        shutil.rmtree(out, ignore_errors=True)
+        expected["bert-rerank"] = bert_rerank(out)
+    with open(path, "w") as f:
         json.dump(expected, f, indent=1)
 
 
