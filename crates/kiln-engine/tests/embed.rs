@@ -220,6 +220,11 @@ fn a_bert_reranker_gguf_scores_pairs_by_its_classifier() {
     check_reranker("bert-rerank.gguf", "bert-rerank-gguf");
 }
 
+#[test]
+fn an_xlm_roberta_cross_encoder_scores_pairs_as_transformers_does() {
+    check_reranker("xlmr-rerank", "xlmr-rerank");
+}
+
 fn check_reranker(model: &str, reference: &str) {
     let text = std::fs::read_to_string(data().join("expected.json")).unwrap();
     let v: Value = serde_json::from_str(&text).unwrap();

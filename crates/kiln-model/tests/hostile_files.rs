@@ -992,7 +992,10 @@ fn config_encoder_variants_kiln_does_not_run() {
         }
     };
     assert_config_refused(nomic("prenorm", json!(true)), &["prenorm", "nomic-bert"]);
-    assert_config_refused(nomic("rotary_emb_fraction", json!(0.5)), &["rotary_emb_fraction"]);
+    assert_config_refused(
+        nomic("rotary_emb_fraction", json!(0.5)),
+        &["rotary_emb_fraction"],
+    );
     assert_config_refused(nomic("qkv_proj_bias", json!(true)), &["qkv_proj_bias"]);
     assert_config_refused(
         nomic("activation_function", json!("gelu")),

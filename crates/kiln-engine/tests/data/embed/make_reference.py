@@ -19,11 +19,12 @@ import sys
 import torch
 from sentence_transformers import SentenceTransformer, models
 from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
-from tokenizers.models import BPE, WordPiece
-from tokenizers.trainers import BpeTrainer, WordPieceTrainer
+from tokenizers.models import BPE, Unigram, WordPiece
+from tokenizers.trainers import BpeTrainer, UnigramTrainer, WordPieceTrainer
 from safetensors.torch import save_file
 from transformers import (BertConfig, BertForSequenceClassification, BertModel, NomicBertConfig,
-                          NomicBertModel, PreTrainedTokenizerFast, Qwen3Config, Qwen3Model)
+                          NomicBertModel, PreTrainedTokenizerFast, Qwen3Config, Qwen3Model,
+                          XLMRobertaConfig, XLMRobertaForSequenceClassification)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = [
@@ -241,10 +242,56 @@ EMBEDDERS = {"qwen3-last": qwen3_last, "qwen3-mean": qwen3_mean, "bert-cls": ber
              "bert-mean": bert_mean, "nomic-mean": nomic_mean}
 
 
+def unigram():
+    """A SentencePiece-style Unigram vocabulary with XLM-RoBERTa's special tokens and pairing
+    (`<s> A </s></s> B </s>`, every token type 0)."""
+    tok = Tokenizer(Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = UnigramTrainer(vocab_size=200, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+                             unk_token="<unk>")
+    tok.train_from_iterator(CORPUS + INPUTS + DOCUMENTS + [QUERY], trainer)
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    return tok
+
+
+def xlmr_rerank(out):
+    """bge-reranker's shape: XLMRobertaForSequenceClassification (positions counted from the
+    padding index + 1, a `classifier.dense` + `classifier.out_proj` head on `<s>`)."""
+    tok = unigram()
+    torch.manual_seed(6)
+    cfg = XLMRobertaConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, intermediate_size=128,
+                           max_position_embeddings=130, type_vocab_size=1, pad_token_id=1,
+                           bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5,
+                           hidden_act="gelu", num_labels=1)
+    model = randomized(XLMRobertaForSequenceClassification(cfg))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   cls_token="<s>", sep_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")
+    model.save_pretrained(out, safe_serialization=True)
+    fast.save_pretrained(out)
+    return score_pairs(model, fast)
+
+
+def score_pairs(model, fast):
+    rows = []
+    with torch.no_grad():
+        for d in DOCUMENTS:
+            enc = fast(QUERY, d, return_tensors="pt", return_token_type_ids=True)
+            score = model(**enc).logits[0, 0].item()
+            rows.append({"query": QUERY, "document": d, "ids": enc["input_ids"][0].tolist(),
+                         "type_ids": enc["token_type_ids"][0].tolist(), "score": score})
+    return rows
+
+
+RERANKERS = {"bert-rerank": bert_rerank, "xlmr-rerank": xlmr_rerank}
+
+
 def main():
     """Rebuilds the checkpoints named on the command line (all when none), keeping the others'
     entries in expected.json."""
-    names = sys.argv[1:] or list(EMBEDDERS) + ["bert-rerank"]
+    names = sys.argv[1:] or list(EMBEDDERS) + list(RERANKERS)
     path = os.path.join(HERE, "expected.json")
     expected = {}
     if sys.argv[1:] and os.path.exists(path):
@@ -261,10 +308,11 @@ def main():
             {"text": t, "ids": fast(t)["input_ids"], "embedding": [float(x) for x in e]}
             for t, e in zip(INPUTS, emb)
         ]
-    if "bert-rerank" in names:
-        out = os.path.join(HERE, "bert-rerank")
-        shutil.rmtree(out, ignore_errors=True)
-        expected["bert-rerank"] = bert_rerank(out)
+    for name, make in RERANKERS.items():
+        if name in names:
+            out = os.path.join(HERE, name)
+            shutil.rmtree(out, ignore_errors=True)
+            expected[name] = make(out)
     with open(path, "w") as f:
         json.dump(expected, f, indent=1)
 
