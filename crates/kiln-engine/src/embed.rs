@@ -12,7 +12,8 @@ impl<B: Backend> Engine<B> {
         self.model.embedding.is_some()
     }
 
-    /// The pooled state of each of `inputs` (token ids), unnormalized, in order. Inputs run
+    /// The pooled state of each of `inputs` (token ids) through the model's Dense modules,
+    /// unnormalized, in order. Inputs run
     /// together, at most one per KV slot and `batch_tokens` tokens per forward (an input
     /// longer than that runs alone); each must fit the context.
     pub fn embed(&mut self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -26,7 +27,7 @@ impl<B: Backend> Engine<B> {
         inputs: &[Vec<u32>],
         types: Option<&[Vec<u32>]>,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
-        let Some(cfg) = self.model.embedding else {
+        let Some(cfg) = self.model.embedding.clone() else {
             return Err(EngineError::Request(
                 "this model is not an embedding model (it declares no pooling)".into(),
             ));
@@ -60,6 +61,8 @@ impl<B: Backend> Engine<B> {
             kiln_model::embedding::Pooling::Rank => 1,
             _ => self.model.config.hidden_size,
         };
+        let project =
+            |pooled: &[f32]| kiln_model::embedding::apply_all(&cfg.dense, pooled.to_vec());
         let mut out = Vec::with_capacity(inputs.len());
         let mut next = 0;
         while next < inputs.len() {
@@ -94,7 +97,7 @@ impl<B: Backend> Engine<B> {
             for s in &layout.spans {
                 self.kv.set_seq_len(s.slot, 0);
             }
-            out.extend(pooled.chunks_exact(width).map(<[f32]>::to_vec));
+            out.extend(pooled.chunks_exact(width).map(project));
         }
         Ok(out)
     }

@@ -74,9 +74,9 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> Result<LoadedModel<B>
     eos_ids.extend(tokenizer.eos_ids());
     eos_ids.sort_unstable();
     eos_ids.dedup();
-    if files.config.arch.is_encoder() && files.embedding.is_none() {
+    if files.config.bidirectional && files.embedding.is_none() {
         return Err(EngineError::Request(format!(
-            "{}: an encoder serves embeddings only, and this folder names no pooling (sentence-transformers' modules.json and 1_Pooling/config.json)",
+            "{}: a bidirectional model (an encoder, EmbeddingGemma) serves embeddings only, and this model names no pooling (sentence-transformers' modules.json and 1_Pooling/config.json, or a GGUF's pooling_type)",
             path.display()
         )));
     }

@@ -67,7 +67,7 @@ fn engine<B: Backend>(backend: B, name: &str, slots: usize, kv: KvScheme) -> Eng
 fn check<B: Backend>(mut e: Engine<B>, name: &str) {
     let mut want = expected(name);
     assert!(e.is_embedding_model());
-    let normalized = e.model().embedding.unwrap().normalize;
+    let normalized = e.model().embedding.as_ref().unwrap().normalize;
     if normalized {
         // A GGUF normalizes every embedding (llama.cpp has no flag for it); so does the reference.
         for (_, reference, _) in &mut want {
@@ -136,7 +136,7 @@ fn an_embedding_model_refuses_generation_and_bad_inputs() {
 fn qwen3_mean_pooling_unnormalized_matches_sentence_transformers() {
     let cpu = CpuBackend::new(CpuOptions { dense: false });
     let e = engine(cpu, "qwen3-mean", 2, KvScheme::dense(DenseDtype::default()));
-    assert!(!e.model().embedding.unwrap().normalize);
+    assert!(!e.model().embedding.as_ref().unwrap().normalize);
     check(e, "qwen3-mean");
 }
 
@@ -207,6 +207,40 @@ fn nomic_bert_in_nomics_layout_and_as_llama_cpp_converts_it_matches_sentence_tra
             KvScheme::dense(DenseDtype::F32),
         ),
         "nomic-mean",
+    );
+}
+
+#[test]
+fn embedding_gemma_bidirectional_with_dense_modules_matches_sentence_transformers() {
+    let cpu = CpuBackend::new(CpuOptions { dense: false });
+    check(
+        engine(
+            cpu,
+            "gemma-embed",
+            2,
+            KvScheme::dense(DenseDtype::default()),
+        ),
+        "gemma-embed",
+    );
+    // As llama.cpp's converter writes it (`gemma-embedding`, Dense modules as dense_2/dense_3).
+    let cpu = CpuBackend::new(CpuOptions { dense: false });
+    check(
+        engine(
+            cpu,
+            "gemma-embed.gguf",
+            2,
+            KvScheme::dense(DenseDtype::default()),
+        ),
+        "gemma-embed",
+    );
+    check(
+        engine(
+            ReferenceBackend,
+            "gemma-embed",
+            3,
+            KvScheme::dense(DenseDtype::F32),
+        ),
+        "gemma-embed",
     );
 }
 

@@ -57,14 +57,32 @@ impl ModelFiles {
         }
         let gguf = GgufFile::open(path)?;
         let config = config_from_gguf(path, gguf.header())?;
+        let arch_name = gguf
+            .header()
+            .get("general.architecture")
+            .and_then(|v| v.as_str())
+            .unwrap_or(config.arch.name())
+            .to_string();
         let embedding =
-            match crate::embedding::embedding_from_gguf(path, gguf.header(), config.arch.name())? {
+            match crate::embedding::embedding_from_gguf(path, gguf.header(), &arch_name)? {
                 None if config.arch.is_encoder() => {
                     Some(crate::embedding::bert_gguf_default(gguf.header()))
                 }
                 e => e,
             };
         let source = GgufSource::new(gguf, config.arch, config.num_heads, config.num_kv_heads);
+        let embedding = match embedding {
+            Some(mut e) => {
+                let dense = ["dense_2.weight", "dense_3.weight"]
+                    .into_iter()
+                    .filter_map(|n| crate::embedding::dense_from_tensor(&source, n).transpose())
+                    .collect::<Result<Vec<_>, ModelError>>()?;
+                crate::embedding::check_chain(path, &dense, config.hidden_size)?;
+                e.dense = dense.into();
+                Some(e)
+            }
+            None => None,
+        };
         Ok(Self {
             path: path.into(),
             format: ModelFormat::Gguf,
@@ -93,6 +111,9 @@ impl ModelFiles {
             None if config.arch.is_encoder() => crate::embedding::reranker_from_hf(&json),
             None => None,
         };
+        if let Some(e) = &embedding {
+            crate::embedding::check_chain(&dir.join("modules.json"), &e.dense, config.hidden_size)?;
+        }
         Ok(Self {
             path: dir.into(),
             format: ModelFormat::HfFolder,

@@ -42,8 +42,8 @@ pub struct ModelInfo {
     pub memory: Option<MemoryAdmission>,
     /// How an embedding model pools (`None`: a generative model).
     pub embedding: Option<kiln_model::embedding::EmbeddingConfig>,
-    /// Width of the hidden state (an embedding's dimensions).
-    pub hidden_size: usize,
+    /// An embedding's dimensions (the hidden size, or the last Dense module's output).
+    pub embedding_width: usize,
     /// Structured-output compiler for this vocabulary, built on first use (shared by clones).
     pub grammar: Arc<std::sync::OnceLock<Result<kiln_engine::structured::GrammarCompiler, String>>>,
 }
@@ -80,8 +80,9 @@ impl ModelInfo {
             load_secs: m.load_secs,
             arch: format!("{:?}", c.arch),
             memory: None,
-            embedding: m.embedding,
-            hidden_size: c.hidden_size,
+            embedding: m.embedding.clone(),
+            embedding_width: (m.embedding.as_ref())
+                .map_or(c.hidden_size, |e| e.width(c.hidden_size)),
             grammar: Arc::default(),
         }
     }

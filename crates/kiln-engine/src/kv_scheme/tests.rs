@@ -519,6 +519,7 @@ fn smollm2() -> ModelConfig {
         norm_weight_offset: 0.0,
         embedding_scale: None,
         position_offset: 0,
+        bidirectional: false,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
     }

@@ -250,6 +250,11 @@ pub(crate) fn forward_layer<B: Backend>(
     }
     let (window, inv_freq) = match cfg.layer_attention[index] {
         LayerAttention::Full => (None, ctx.rope_global),
+        // A bidirectional sliding layer sees `window / 2` positions on each side, as
+        // transformers and llama.cpp read EmbeddingGemma's `sliding_window`.
+        LayerAttention::Sliding { window } if cfg.bidirectional => {
+            (Some(window / 2 + 1), ctx.rope_local)
+        }
         LayerAttention::Sliding { window } => (Some(window), ctx.rope_local),
     };
     b.rope(&mut q, hd, inv_freq);
@@ -260,7 +265,7 @@ pub(crate) fn forward_layer<B: Backend>(
         head_dim: hd,
         scale: cfg.attention_scale,
         window,
-        causal: true,
+        causal: !cfg.bidirectional,
     };
     let attn = b.attention(kv, index, &q, &k, &v, ctx.batch, &params)?;
     let mut o = b.matmul(&attn, &a.o)?;

@@ -108,7 +108,8 @@ pub struct AttentionParams {
     pub head_dim: usize,
     /// Score multiplier.
     pub scale: f32,
-    /// Sliding window (positions visible, the query's own included), if any.
+    /// Sliding window, if any: positions visible, the query's own included; with `causal` off,
+    /// the keys closer than `window` on either side.
     pub window: Option<usize>,
     /// Whether a query sees only earlier positions (decoders) or every position of its span
     /// (encoders: BERT).

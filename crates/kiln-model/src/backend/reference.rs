@@ -244,10 +244,10 @@ impl Backend for ReferenceBackend {
                 let pos = span.start_pos + t;
                 let first = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 // An encoder sees its whole span.
-                let last = if p.causal {
-                    pos
-                } else {
-                    span.start_pos + span.n_tokens - 1
+                let last = match (p.causal, p.window) {
+                    (true, _) => pos,
+                    (false, None) => span.start_pos + span.n_tokens - 1,
+                    (false, Some(w)) => (span.start_pos + span.n_tokens - 1).min(pos + w - 1),
                 };
                 for h in 0..p.n_heads {
                     let kvh = h / (p.n_heads / p.n_kv_heads);

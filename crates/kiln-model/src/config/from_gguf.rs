@@ -77,7 +77,7 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
         "llama" | "mistral" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
-        "gemma3" => Architecture::Gemma3,
+        "gemma3" | "gemma-embedding" => Architecture::Gemma3,
         "bert" => Architecture::Bert,
         "nomic-bert" => Architecture::NomicBert,
         other => {
@@ -142,7 +142,12 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
                 }
             })
             .collect(),
-        (true, _) => return Err(m.err("gemma3.attention.sliding_window", "missing or zero")),
+        (true, _) => {
+            return Err(m.err(
+                &format!("{arch_name}.attention.sliding_window"),
+                "missing or zero",
+            ));
+        }
         _ => vec![LayerAttention::Full; num_layers],
     };
     let eos = m.token_id("tokenizer.ggml.eos_token_id");
@@ -165,7 +170,10 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
         layer_attention,
         rope_global,
         rope_local: if gemma {
-            RopeConfig::plain(GEMMA3_LOCAL_ROPE_BASE)
+            RopeConfig::plain(
+                m.opt_f32("rope.freq_base_swa")?
+                    .unwrap_or(GEMMA3_LOCAL_ROPE_BASE),
+            )
         } else {
             rope_global
         },
@@ -184,6 +192,7 @@ pub fn config_from_gguf(path: &Path, header: &GgufHeader) -> Result<ModelConfig,
         embedding_scale: gemma.then(|| (hidden_size as f32).sqrt()),
         // llama.cpp's converter drops RoBERTa's padding rows from the position table.
         position_offset: 0,
+        bidirectional: bert || arch_name == "gemma-embedding",
         bos_token_id: m.token_id("tokenizer.ggml.bos_token_id"),
         eos_token_ids: eos.into_iter().chain(eot).collect(),
     };

@@ -255,6 +255,8 @@ pub fn config_from_hf_json(path: &Path, json: &Value) -> Result<ModelConfig, Mod
         norm_weight_offset: if gemma { 1.0 } else { 0.0 },
         embedding_scale: gemma.then(|| (hidden_size as f32).sqrt()),
         position_offset,
+        bidirectional: arch.is_encoder()
+            || f.opt_bool("use_bidirectional_attention")?.unwrap_or(false),
         bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
         eos_token_ids: f.token_ids("eos_token_id")?,
     };

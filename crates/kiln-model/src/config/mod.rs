@@ -126,6 +126,9 @@ pub struct ModelConfig {
     pub norm_weight_offset: f32,
     /// Multiplier for embeddings (Gemma: `sqrt(hidden_size)`), if any.
     pub embedding_scale: Option<f32>,
+    /// Whether every position attends to every other of its input (encoders, EmbeddingGemma)
+    /// instead of only to earlier ones.
+    pub bidirectional: bool,
     /// Row of a learned position table that position 0 reads: 0, or RoBERTa's padding index + 1
     /// (its tables keep rows for the padding); 0 for models without such a table.
     pub position_offset: usize,

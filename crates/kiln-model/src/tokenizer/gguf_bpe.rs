@@ -46,9 +46,12 @@ pub(super) fn build(
     super::special::add_special_tokens(&mut tok, &vocab.tokens, &vocab.types)?;
 
     let add_bos = get_bool(meta, "tokenizer.ggml.add_bos_token").unwrap_or(spec.add_bos_default);
-    if add_bos {
-        super::special::bos_post_processor(&mut tok, vocab)?;
-    }
+    let add_eos = get_bool(meta, "tokenizer.ggml.add_eos_token").unwrap_or(false);
+    let edges = super::special::Edges {
+        bos: add_bos,
+        eos: add_eos,
+    };
+    super::special::edge_post_processor(&mut tok, vocab, edges)?;
     Ok(KilnTokenizer::new(
         tok,
         vocab.bos_id,

@@ -71,9 +71,12 @@ pub(super) fn build(
     tok.with_decoder(Some(DecoderSequence::new(dec)));
 
     special::add_special_tokens(&mut tok, &vocab.tokens, &vocab.types)?;
-    if add_bos {
-        special::bos_post_processor(&mut tok, vocab)?;
-    }
+    let add_eos = get_bool(meta, "tokenizer.ggml.add_eos_token").unwrap_or(false);
+    let edges = special::Edges {
+        bos: add_bos,
+        eos: add_eos,
+    };
+    special::edge_post_processor(&mut tok, vocab, edges)?;
     Ok(KilnTokenizer::new(
         tok,
         vocab.bos_id,

@@ -35,35 +35,61 @@ pub(super) fn add_special_tokens(
     Ok(())
 }
 
-/// A post-processor that starts every sequence with BOS, so that a saved `tokenizer.json` adds it
-/// the way the GGUF says (`tokenizer.ggml.add_bos_token`).
-pub(super) fn bos_post_processor(
+/// What a GGUF says its tokenizer adds around every sequence: `tokenizer.ggml.add_bos_token`
+/// and `add_eos_token` (llama.cpp adds both wherever it tokenizes with specials).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Edges {
+    /// BOS before the text.
+    pub bos: bool,
+    /// EOS after it (EmbeddingGemma's GGUFs).
+    pub eos: bool,
+}
+
+/// Installs a post-processor that puts BOS before and/or EOS after each sequence (a pair gets
+/// them around each half), as `edges` says; nothing when neither is added.
+pub(super) fn edge_post_processor(
     tok: &mut tokenizers::Tokenizer,
     vocab: &GgufVocab,
+    edges: Edges,
 ) -> Result<(), ModelError> {
-    let Some(bos) = vocab.bos_id else {
-        return Err(ModelError::Tokenizer(
-            "tokenizer.ggml.add_bos_token is true but there is no tokenizer.ggml.bos_token_id"
-                .into(),
-        ));
+    let token = |wanted: bool,
+                 id: Option<u32>,
+                 what: &str|
+     -> Result<Option<(String, u32)>, ModelError> {
+        if !wanted {
+            return Ok(None);
+        }
+        let id = id.ok_or_else(|| {
+            ModelError::Tokenizer(format!(
+                "tokenizer.ggml.add_{what}_token is true but there is no tokenizer.ggml.{what}_token_id"
+            ))
+        })?;
+        let text = vocab.text(id).ok_or_else(|| {
+            ModelError::Tokenizer(format!(
+                "{} id {id} is not in the vocabulary",
+                what.to_uppercase()
+            ))
+        })?;
+        Ok(Some((text.to_string(), id)))
     };
-    let Some(text) = vocab.text(bos) else {
-        return Err(ModelError::Tokenizer(format!(
-            "BOS id {bos} is not in the vocabulary"
-        )));
+    let bos = token(edges.bos, vocab.bos_id, "bos")?;
+    let eos = token(edges.eos, vocab.eos_id, "eos")?;
+    if bos.is_none() && eos.is_none() {
+        return Ok(());
+    }
+    let around = |piece: &str| -> Vec<String> {
+        (bos.iter().map(|(t, _)| t.clone()))
+            .chain([piece.to_string()])
+            .chain(eos.iter().map(|(t, _)| t.clone()))
+            .collect()
     };
-    let err = |e: String| ModelError::Tokenizer(format!("BOS post-processor: {e}"));
+    let err = |e: String| ModelError::Tokenizer(format!("BOS/EOS post-processor: {e}"));
     let processor = TemplateProcessing::builder()
-        .try_single(vec![text.to_string(), "$A".to_string()])
+        .try_single(around("$A"))
         .map_err(err)?
-        .try_pair(vec![
-            text.to_string(),
-            "$A".to_string(),
-            text.to_string(),
-            "$B".to_string(),
-        ])
+        .try_pair([around("$A"), around("$B")].concat())
         .map_err(err)?
-        .special_tokens(vec![(text.to_string(), bos)])
+        .special_tokens(bos.into_iter().chain(eos).collect::<Vec<_>>())
         .build()
         .map_err(|e| err(e.to_string()))?;
     tok.with_post_processor(Some(processor));

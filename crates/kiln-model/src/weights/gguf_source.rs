@@ -177,6 +177,9 @@ impl GgufSource {
             "model.embed_tokens.weight" => Some("token_embd.weight"),
             "model.norm.weight" => Some("output_norm.weight"),
             "lm_head.weight" => Some("output.weight"),
+            // EmbeddingGemma's Dense modules, under llama.cpp's names in both layouts.
+            "dense_2.weight" if self.arch == Architecture::Gemma3 => Some("dense_2.weight"),
+            "dense_3.weight" if self.arch == Architecture::Gemma3 => Some("dense_3.weight"),
             _ => None,
         };
         if let Some(n) = direct {
@@ -215,7 +218,7 @@ impl GgufSource {
         }
         let mut candidates: Vec<String> = ["model.embed_tokens.weight", "model.norm.weight"]
             .into_iter()
-            .chain(["lm_head.weight"])
+            .chain(["lm_head.weight", "dense_2.weight", "dense_3.weight"])
             .map(String::from)
             .collect();
         if let Some(layer) = gguf.strip_prefix("blk.").and_then(|r| r.split_once('.')) {

@@ -54,7 +54,7 @@ pub struct Plan {
 }
 
 fn dimensions(field: Option<&Value>, model: &ServedModel) -> Result<Option<usize>, ApiError> {
-    let full = model.info.hidden_size;
+    let full = model.info.embedding_width;
     match field {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_u64() {
@@ -74,7 +74,7 @@ pub fn plan(
     dims: Option<&Value>,
     truncate: bool,
 ) -> Result<Plan, ApiError> {
-    match model.info.embedding {
+    match &model.info.embedding {
         None => {
             return Err(ApiError::bad_request(format!(
                 "model {} is not an embedding model (it declares no pooling: a sentence-transformers folder or a GGUF with pooling_type); it generates text",

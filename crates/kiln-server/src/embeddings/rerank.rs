@@ -127,7 +127,9 @@ async fn score(state: &SharedState, req: &RerankRequest) -> Result<Ranked, ApiEr
     let lease =
         crate::models::acquire(&state.models, req.model.as_ref(), req.keep_alive.as_ref()).await?;
     let model = lease.model().clone();
-    if model.info.embedding.map(|e| e.pooling) != Some(kiln_model::embedding::Pooling::Rank) {
+    if model.info.embedding.as_ref().map(|e| e.pooling)
+        != Some(kiln_model::embedding::Pooling::Rank)
+    {
         return Err(ApiError::bad_request(format!(
             "model {} is not a reranker (a cross-encoder such as BertForSequenceClassification, or a GGUF with pooling_type 4)",
             model.info.id

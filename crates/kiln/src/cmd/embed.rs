@@ -56,13 +56,13 @@ pub fn run(args: EmbedArgs) -> Result<()> {
         o.slots = 8;
         Ok(())
     })?;
-    let Some(_) = engine.model().embedding else {
+    let Some(embedding) = engine.model().embedding.clone() else {
         bail!(
             "{} is not an embedding model (it declares no pooling: a sentence-transformers folder or a GGUF with pooling_type)",
             args.model
         );
     };
-    let hidden = engine.model().config.hidden_size;
+    let hidden = embedding.width(engine.model().config.hidden_size);
     if args.dimensions.is_some_and(|d| d == 0 || d > hidden) {
         bail!("--dimensions must be from 1 to {hidden}");
     }

@@ -7,7 +7,7 @@ makes of the reranker's GGUF to `expected.json`.
 llama.cpp's converter recognizes a tokenizer by hashing how it splits a test text; these
 vocabularies are trained here and unknown to it, so the pre-tokenizer name is forced to
 `bert-bge` (what bge-small gets; a WordPiece vocabulary's pre-tokenizer name changes nothing
-in llama.cpp). The converter leaves a `BertForSequenceClassification`'s pooler out of the file,
+in llama.cpp), or `gpt-2` for the byte-level BPE of `gemma-embed`. The converter leaves a `BertForSequenceClassification`'s pooler out of the file,
 so the reranker's GGUF scores each pair by the classifier on the first token's final state;
 `bert-rerank-gguf` holds transformers' scores computed that way.
 
@@ -30,7 +30,9 @@ tree = sys.argv.pop(1)
 sys.path[:0] = [tree, tree + "/gguf-py"]
 import json
 from conversion import base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "bert-bge"
+# WordPiece vocabularies as bge-small's; gemma-embed's byte-level BPE splits as GPT-2 does.
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: (
+    "gpt-2" if self.hparams.get("model_type") == "gemma3_text" else "bert-bge")
 raw_json = base.ModelBase.load_hparams
 def load_hparams(dir_model, is_mistral_format):
     with open(dir_model / "config.json") as f:
@@ -44,8 +46,10 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def convert(tree, name):
     out = os.path.join(HERE, f"{name}.gguf")
+    # EmbeddingGemma's Dense modules go into the file only when asked for.
+    dense = ["--sentence-transformers-dense-modules"] if name == "gemma-embed" else []
     subprocess.run([sys.executable, "-c", SHIM, tree, os.path.join(HERE, name),
-                    "--outtype", "f32", "--outfile", out], check=True)
+                    "--outtype", "f32", "--outfile", out] + dense, check=True)
 
 
 def rerank_without_pooler(rows):
@@ -64,7 +68,8 @@ def rerank_without_pooler(rows):
 
 
 def main():
-    tree, names = sys.argv[1], sys.argv[2:] or ["bert-cls", "bert-mean", "bert-rerank", "nomic-mean"]
+    tree, names = sys.argv[1], sys.argv[2:] or ["bert-cls", "bert-mean", "bert-rerank", "nomic-mean",
+                                           "gemma-embed"]
     for name in names:
         convert(tree, name)
     path = os.path.join(HERE, "expected.json")

@@ -22,9 +22,10 @@ from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE, Unigram, WordPiece
 from tokenizers.trainers import BpeTrainer, UnigramTrainer, WordPieceTrainer
 from safetensors.torch import save_file
-from transformers import (BertConfig, BertForSequenceClassification, BertModel, NomicBertConfig,
-                          NomicBertModel, PreTrainedTokenizerFast, Qwen3Config, Qwen3Model,
-                          XLMRobertaConfig, XLMRobertaForSequenceClassification)
+from transformers import (BertConfig, BertForSequenceClassification, BertModel,
+                          Gemma3TextConfig, Gemma3TextModel, NomicBertConfig, NomicBertModel,
+                          PreTrainedTokenizerFast, Qwen3Config, Qwen3Model, XLMRobertaConfig,
+                          XLMRobertaForSequenceClassification)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = [
@@ -155,6 +156,57 @@ def bert_mean(out):
     return bert(out, "mean", normalize=False, seed=3)
 
 
+def gemma_embed(out):
+    """EmbeddingGemma's shape: Gemma 3 text with bidirectional attention (sliding layers see
+    `sliding_window / 2` positions each side), mean pooling, then two bias-free Dense layers
+    (hidden → 4·hidden → hidden, Identity) and Normalize, as google/embeddinggemma-300m's
+    modules.json has them. The window is small so that the inputs run past it; six layers, as
+    llama.cpp makes every sixth layer of a gemma-embedding GGUF global whatever the config says."""
+    bos, eos = "<bos>", "<eos>"
+    tok = Tokenizer(BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(vocab_size=320, special_tokens=["<pad>", eos, bos],
+                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    bos_id, eos_id = tok.token_to_id(bos), tok.token_to_id(eos)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", special_tokens=[(bos, bos_id), (eos, eos_id)])
+    torch.manual_seed(7)
+    cfg = Gemma3TextConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
+                           num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1,
+                           head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,
+                           sliding_window=8, sliding_window_pattern=6,
+                           query_pre_attn_scalar=16, use_bidirectional_attention=True,
+                           rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+                           bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=0)
+    model = Gemma3TextModel(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    model.eval()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
+                                   pad_token="<pad>")
+    raw = os.path.join(out, "_raw")
+    model.save_pretrained(raw, safe_serialization=True)
+    fast.save_pretrained(raw)
+    word = models.Transformer(raw, max_seq_length=256)
+    pool = models.Pooling(64, pooling_mode="mean")
+    up = models.Dense(64, 256, bias=False, activation_function=torch.nn.Identity())
+    down = models.Dense(256, 64, bias=False, activation_function=torch.nn.Identity())
+    for d in (up, down):
+        with torch.no_grad():
+            d.linear.weight.normal_(0.0, 0.2)
+    st = SentenceTransformer(modules=[word, pool, up, down, models.Normalize()], device="cpu")
+    st.save(out)
+    shutil.rmtree(raw)
+    readme = os.path.join(out, "README.md")
+    if os.path.exists(readme):
+        os.remove(readme)
+    return st, fast
+
+
 def nomic_mean(out):
     """nomic-embed-text's shape (rotary positions, SwiGLU, no biases, post-norm) with mean
     pooling, written as the Hugging Face hub ships it: nomic's own config keys and tensor names
@@ -239,7 +291,7 @@ def bert_rerank(out):
 
 
 EMBEDDERS = {"qwen3-last": qwen3_last, "qwen3-mean": qwen3_mean, "bert-cls": bert_cls,
-             "bert-mean": bert_mean, "nomic-mean": nomic_mean}
+             "bert-mean": bert_mean, "nomic-mean": nomic_mean, "gemma-embed": gemma_embed}
 
 
 def unigram():

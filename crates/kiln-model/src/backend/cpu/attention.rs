@@ -64,7 +64,11 @@ pub(crate) fn attention(
             .map(|s| s.start_pos + s.n_tokens)
     };
     let visible = |slot: usize, pos: usize| match (p.causal, p.window) {
-        (false, _) => 0..span_end(slot).unwrap_or(pos + 1),
+        (false, None) => 0..span_end(slot).unwrap_or(pos + 1),
+        (false, Some(w)) => {
+            let end = span_end(slot).unwrap_or(pos + 1);
+            (pos + 1).saturating_sub(w)..end.min(pos + w)
+        }
         (true, Some(w)) => (pos + 1).saturating_sub(w)..pos + 1,
         (true, None) => 0..pos + 1,
     };

@@ -1,8 +1,13 @@
 //! Whether a model is an embedding model, and how it pools: sentence-transformers' folder
 //! layout (`modules.json`, the Pooling module's `config.json`, a Normalize module) or GGUF's
-//! `<arch>.pooling_type` (llama.cpp's numbering).
+//! `<arch>.pooling_type` (llama.cpp's numbering); the Dense modules that follow the pooling.
+
+mod dense;
 
 use std::path::Path;
+use std::sync::Arc;
+
+pub use dense::{Dense, apply_all, check_chain, dense_from_folder, dense_from_tensor};
 
 use serde_json::Value;
 
@@ -36,14 +41,38 @@ impl Pooling {
     }
 }
 
-/// An embedding model's pooling and whether its embeddings are L2-normalized.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// An embedding model's pooling, the Dense modules after it, and whether its embeddings are
+/// L2-normalized.
+#[derive(Debug, Clone, PartialEq)]
 pub struct EmbeddingConfig {
     /// How token states are pooled.
     pub pooling: Pooling,
     /// Whether the model's own pipeline normalizes (sentence-transformers' Normalize module;
     /// GGUF files say nothing, and llama-server normalizes by default).
     pub normalize: bool,
+    /// Projections applied to each pooled state, in order (none for most models).
+    pub dense: Arc<[Dense]>,
+}
+
+impl EmbeddingConfig {
+    /// Pooling `pooling`, normalized or not, with no Dense modules.
+    pub fn new(pooling: Pooling, normalize: bool) -> Self {
+        Self {
+            pooling,
+            normalize,
+            dense: Arc::from(Vec::new()),
+        }
+    }
+
+    /// Width of an embedding: the last Dense module's output, else the model's `hidden` size
+    /// (1 for a reranker's score).
+    pub fn width(&self, hidden: usize) -> usize {
+        match (self.pooling, self.dense.last()) {
+            (Pooling::Rank, _) => 1,
+            (_, Some(d)) => d.out_features,
+            (_, None) => hidden,
+        }
+    }
 }
 
 fn bad(path: &Path, field: &str, reason: impl Into<String>) -> ModelError {
@@ -78,21 +107,39 @@ pub fn embedding_from_hf(dir: &Path) -> Result<Option<EmbeddingConfig>, ModelErr
             "no Pooling module (kiln pools as sentence-transformers' Pooling does)",
         ));
     };
-    let sub = pooling_module
+    let sub = module_folder(&modules_path, pooling_module)?;
+    let cfg_path = dir.join(sub).join("config.json");
+    let pooling = pooling_of(&cfg_path, &read_json(&cfg_path)?)?;
+    let normalize = list.iter().any(|m| kind(m).ends_with(".Normalize"));
+    let dense = list
+        .iter()
+        .filter(|m| kind(m).ends_with(".Dense"))
+        .map(|m| {
+            let sub = module_folder(&modules_path, m)?;
+            dense_from_folder(&dir.join(sub))
+        })
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    Ok(Some(EmbeddingConfig {
+        pooling,
+        normalize,
+        dense: Arc::from(dense),
+    }))
+}
+
+/// A module's folder inside the model (`path` in `modules.json`), refusing paths that leave it.
+fn module_folder<'a>(modules_path: &Path, module: &'a Value) -> Result<&'a str, ModelError> {
+    let sub = module
         .get("path")
         .and_then(Value::as_str)
-        .ok_or_else(|| bad(&modules_path, "path", "the Pooling module has no path"))?;
+        .ok_or_else(|| bad(modules_path, "path", "a module has no path"))?;
     if sub.is_empty() || Path::new(sub).is_absolute() || sub.split(['/', '\\']).any(|p| p == "..") {
         return Err(bad(
-            &modules_path,
+            modules_path,
             "path",
             format!("{sub:?} is not a folder inside the model"),
         ));
     }
-    let cfg_path = dir.join(sub).join("config.json");
-    let pooling = pooling_of(&cfg_path, &read_json(&cfg_path)?)?;
-    let normalize = list.iter().any(|m| kind(m).ends_with(".Normalize"));
-    Ok(Some(EmbeddingConfig { pooling, normalize }))
+    Ok(sub)
 }
 
 /// The pooling a Pooling module's `config.json` names: `pooling_mode` (sentence-transformers
@@ -171,10 +218,10 @@ pub fn embedding_from_gguf(
         }
         None => return Err(bad(path, &key, "must be an integer")),
     };
-    Ok(Some(EmbeddingConfig {
+    Ok(Some(EmbeddingConfig::new(
         pooling,
-        normalize: pooling != Pooling::Rank,
-    }))
+        pooling != Pooling::Rank,
+    )))
 }
 
 /// How a BERT GGUF without `bert.pooling_type` pools: a file with a classifier (`cls.output`)
@@ -186,10 +233,7 @@ pub fn bert_gguf_default(header: &GgufHeader) -> EmbeddingConfig {
     } else {
         Pooling::Mean
     };
-    EmbeddingConfig {
-        pooling,
-        normalize: pooling != Pooling::Rank,
-    }
+    EmbeddingConfig::new(pooling, pooling != Pooling::Rank)
 }
 
 /// A Hugging Face cross-encoder (`…ForSequenceClassification` in `config.json`'s
@@ -203,10 +247,7 @@ pub fn reranker_from_hf(config: &Value) -> Option<EmbeddingConfig> {
                 .filter_map(Value::as_str)
                 .any(|s| s.ends_with("ForSequenceClassification"))
         });
-    classifier.then_some(EmbeddingConfig {
-        pooling: Pooling::Rank,
-        normalize: false,
-    })
+    classifier.then(|| EmbeddingConfig::new(Pooling::Rank, false))
 }
 
 #[cfg(test)]
