@@ -259,6 +259,13 @@ fn an_xlm_roberta_cross_encoder_scores_pairs_as_transformers_does() {
     check_reranker("xlmr-rerank", "xlmr-rerank");
 }
 
+#[test]
+fn an_xlm_roberta_reranker_gguf_tokenizes_and_scores_as_transformers_does() {
+    // llama.cpp keeps RoBERTa's classifier.dense (as `cls`) and drops the padding rows of the
+    // position table, so the file scores as the folder does.
+    check_reranker("xlmr-rerank.gguf", "xlmr-rerank");
+}
+
 fn check_reranker(model: &str, reference: &str) {
     let text = std::fs::read_to_string(data().join("expected.json")).unwrap();
     let v: Value = serde_json::from_str(&text).unwrap();

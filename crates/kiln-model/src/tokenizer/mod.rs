@@ -1,5 +1,5 @@
 //! Tokenizers: built from GGUF metadata (`gpt2` byte-level BPE, `llama` SentencePiece, `bert`
-//! WordPiece) or loaded from a Hugging Face folder, all as a [`tokenizers::Tokenizer`] behind one [`KilnTokenizer`].
+//! WordPiece, `t5` SentencePiece Unigram) or loaded from a Hugging Face folder, all as a [`tokenizers::Tokenizer`] behind one [`KilnTokenizer`].
 //!
 //! BOS rule: [`KilnTokenizer::encode`] with `add_special = true` adds BOS when the model asks for
 //! it (`add_bos`), exactly once. Chat prompts go through
@@ -7,9 +7,11 @@
 //! already begins with the BOS string, so a template that writes `{{ bos_token }}` never gets a
 //! second one.
 
+mod charsmap;
 mod gguf_bpe;
 mod gguf_meta;
 mod gguf_spm;
+mod gguf_ugm;
 mod gguf_wpm;
 mod hf;
 mod pretok;
@@ -41,8 +43,9 @@ pub(crate) fn tokenizer_from_metadata(
         "gpt2" => gguf_bpe::build(&vocab, meta),
         "llama" => gguf_spm::build(&vocab, meta),
         "bert" => gguf_wpm::build(&vocab, meta),
+        "t5" => gguf_ugm::build(&vocab, meta),
         other => Err(ModelError::Tokenizer(format!(
-            "tokenizer.ggml.model = {other:?} is not supported (supported: gpt2, llama, bert)"
+            "tokenizer.ggml.model = {other:?} is not supported (supported: gpt2, llama, bert, t5)"
         ))),
     }
 }

@@ -69,7 +69,7 @@ def rerank_without_pooler(rows):
 
 def main():
     tree, names = sys.argv[1], sys.argv[2:] or ["bert-cls", "bert-mean", "bert-rerank", "nomic-mean",
-                                           "gemma-embed"]
+                                           "gemma-embed", "xlmr-rerank"]
     for name in names:
         convert(tree, name)
     path = os.path.join(HERE, "expected.json")

@@ -19,8 +19,8 @@ import sys
 import torch
 from sentence_transformers import SentenceTransformer, models
 from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
-from tokenizers.models import BPE, Unigram, WordPiece
-from tokenizers.trainers import BpeTrainer, UnigramTrainer, WordPieceTrainer
+from tokenizers.models import BPE, WordPiece
+from tokenizers.trainers import BpeTrainer, WordPieceTrainer
 from safetensors.torch import save_file
 from transformers import (BertConfig, BertForSequenceClassification, BertModel,
                           Gemma3TextConfig, Gemma3TextModel, NomicBertConfig, NomicBertModel,
@@ -294,33 +294,47 @@ EMBEDDERS = {"qwen3-last": qwen3_last, "qwen3-mean": qwen3_mean, "bert-cls": ber
              "bert-mean": bert_mean, "nomic-mean": nomic_mean, "gemma-embed": gemma_embed}
 
 
-def unigram():
-    """A SentencePiece-style Unigram vocabulary with XLM-RoBERTa's special tokens and pairing
-    (`<s> A </s></s> B </s>`, every token type 0)."""
-    tok = Tokenizer(Unigram())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    trainer = UnigramTrainer(vocab_size=200, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
-                             unk_token="<unk>")
-    tok.train_from_iterator(CORPUS + INPUTS + DOCUMENTS + [QUERY], trainer)
-    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
-    return tok
+def xlmr_tokenizer(out):
+    """XLM-RoBERTa's tokenizer as its hub folders ship it: a SentencePiece Unigram model
+    (`sentencepiece.bpe.model`, NFKC with its precompiled charsmap) trained here on the texts,
+    and transformers' fast conversion of it (fairseq ids: `<s>` 0, `<pad>` 1, `</s>` 2, `<unk>`
+    3, then the pieces, then `<mask>`; pairs as `<s> A </s></s> B </s>`)."""
+    import sentencepiece as spm
+    from transformers.convert_slow_tokenizer import XLMRobertaConverter
+    os.makedirs(out, exist_ok=True)
+    prefix = os.path.join(out, "sentencepiece.bpe")
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS + INPUTS + DOCUMENTS + [QUERY]), model_prefix=prefix,
+        model_type="unigram", vocab_size=120, normalization_rule_name="nmt_nfkc",
+        character_coverage=1.0, hard_vocab_limit=False, minloglevel=2)
+    os.remove(prefix + ".vocab")
+
+    class Slow:
+        """What the converter reads of a slow XLMRobertaTokenizer."""
+        vocab_file = prefix + ".model"
+        add_prefix_space = True
+        legacy = True
+
+        def convert_tokens_to_ids(self, token):
+            return {"<s>": 0, "</s>": 2}[token]
+
+    tok = XLMRobertaConverter(Slow()).converted()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   cls_token="<s>", sep_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>", mask_token="<mask>")
 
 
 def xlmr_rerank(out):
     """bge-reranker's shape: XLMRobertaForSequenceClassification (positions counted from the
     padding index + 1, a `classifier.dense` + `classifier.out_proj` head on `<s>`)."""
-    tok = unigram()
+    fast = xlmr_tokenizer(out)
     torch.manual_seed(6)
-    cfg = XLMRobertaConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+    cfg = XLMRobertaConfig(vocab_size=len(fast), hidden_size=64, num_hidden_layers=2,
                            num_attention_heads=4, intermediate_size=128,
                            max_position_embeddings=130, type_vocab_size=1, pad_token_id=1,
                            bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5,
                            hidden_act="gelu", num_labels=1)
     model = randomized(XLMRobertaForSequenceClassification(cfg))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   cls_token="<s>", sep_token="</s>", pad_token="<pad>",
-                                   unk_token="<unk>")
     model.save_pretrained(out, safe_serialization=True)
     fast.save_pretrained(out)
     return score_pairs(model, fast)
