@@ -1,5 +1,6 @@
 """Embeddings on the real `kiln serve` (issue 38) through the official `openai` SDK: a tiny
-random Qwen3 embedder from a private Hugging Face cache, next to the chat model in the same
+random Qwen3 embedder (and BERT, nomic-bert, EmbeddingGemma, BERT and XLM-RoBERTa rerankers)
+from a private Hugging Face cache, next to the chat model in the same
 process, against what sentence-transformers made of it (crates/kiln-engine/tests/data/embed);
 float and base64, `dimensions`, Ollama's `/api/embed`, and every refusal named."""
 
@@ -19,6 +20,7 @@ DATA = os.path.join(ROOT, "crates", "kiln-engine", "tests", "data", "embed")
 EMBEDDER = "kiln-test/qwen3-embed"
 BERT = "kiln-test/bert-embed"
 RERANKER = "kiln-test/bert-rerank"
+XLMR_RERANKER = "kiln-test/xlmr-rerank"
 
 
 def cache_repo(hf, name, folder):
@@ -35,6 +37,9 @@ def served(tmp_path_factory):
     cache_repo(hf, "qwen3-embed", "qwen3-last")
     cache_repo(hf, "bert-embed", "bert-cls")
     cache_repo(hf, "bert-rerank", "bert-rerank")
+    cache_repo(hf, "xlmr-rerank", "xlmr-rerank")
+    cache_repo(hf, "nomic-embed", "nomic-mean")
+    cache_repo(hf, "gemma-embed", "gemma-embed")
     s = Server("--max-batch-inputs", "8", "--parallel", "2", env={"HF_HUB_CACHE": str(hf)})
     yield s
     assert s.stop() == 0
@@ -140,6 +145,28 @@ def test_a_bert_embedder_through_the_sdk(oai):
     for d, e in zip(r.data, want):
         assert cosine(d.embedding, e["embedding"]) >= 0.9999
     assert r.usage.prompt_tokens == sum(len(e["ids"]) for e in want)
+
+
+@pytest.mark.parametrize("model,folder", [("kiln-test/nomic-embed", "nomic-mean"),
+                                          ("kiln-test/gemma-embed", "gemma-embed")])
+def test_nomic_bert_and_embedding_gemma_through_the_sdk(oai, model, folder):
+    want = reference(folder)
+    r = oai.embeddings.create(model=model, input=[e["text"] for e in want])
+    for d, e in zip(r.data, want):
+        assert cosine(d.embedding, e["embedding"]) >= 0.9999
+    assert r.usage.prompt_tokens == sum(len(e["ids"]) for e in want)
+
+
+def test_an_xlm_roberta_reranker_orders_as_transformers_scores(served):
+    want = reference("xlmr-rerank")
+    r = httpx.post(served.url + "/v1/rerank", timeout=60,
+                   json={"model": XLMR_RERANKER, "query": want[0]["query"],
+                         "documents": [w["document"] for w in want]})
+    assert r.status_code == 200, r.text
+    order = sorted(range(len(want)), key=lambda i: -want[i]["score"])
+    assert [x["index"] for x in r.json()["results"]] == order
+    for x in r.json()["results"]:
+        assert abs(x["relevance_score"] - want[x["index"]]["score"]) < 2e-3
 
 
 def test_rerank_orders_as_transformers_scores(served):
