@@ -2,26 +2,40 @@
 
 use std::sync::OnceLock;
 
-/// A SIMD level the kernels are compiled for; ordered, so `a <= b` means "a is a subset".
+/// A SIMD level the kernels are compiled for, ordered by preference: a higher level's kernels
+/// are chosen over a lower one's. Every level above `Scalar` includes the AVX2 set, but
+/// `AvxVnni` is not part of `Avx512` (Ice Lake servers and Zen 4 have AVX-512 VNNI without
+/// the VEX-encoded AVX-VNNI), so which levels a CPU runs is a set ([`hardware_supports`]), not a
+/// prefix, and [`CpuLevel::clamp_to_hardware`] picks from that set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CpuLevel {
     /// Portable Rust only.
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// The AVX2 level plus AVX-VNNI (`vpdpbusd` on `ymm`), as Alder Lake and later Intel
+    /// cores and Zen 5 have it.
+    AvxVnni,
     /// AVX2 level plus AVX-512 F/BW/VL and VNNI.
     Avx512,
 }
 
 impl CpuLevel {
     /// Every level, lowest first.
-    pub const ALL: [CpuLevel; 3] = [CpuLevel::Scalar, CpuLevel::Avx2, CpuLevel::Avx512];
+    pub const ALL: [CpuLevel; 4] = [
+        CpuLevel::Scalar,
+        CpuLevel::Avx2,
+        CpuLevel::AvxVnni,
+        CpuLevel::Avx512,
+    ];
 
-    /// Parses `scalar`, `avx2` or `avx512` (case-insensitive).
+    /// Parses `scalar`, `avx2`, `avxvnni` (also `avx_vnni`, `avx-vnni`) or `avx512`
+    /// (case-insensitive).
     pub fn parse(s: &str) -> Option<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "scalar" => Some(CpuLevel::Scalar),
             "avx2" => Some(CpuLevel::Avx2),
+            "avxvnni" | "avx_vnni" | "avx-vnni" => Some(CpuLevel::AvxVnni),
             "avx512" => Some(CpuLevel::Avx512),
             _ => None,
         }
@@ -32,48 +46,56 @@ impl CpuLevel {
         match self {
             CpuLevel::Scalar => "scalar",
             CpuLevel::Avx2 => "avx2",
+            CpuLevel::AvxVnni => "avxvnni",
             CpuLevel::Avx512 => "avx512",
         }
     }
 
-    /// This level lowered to what the hardware supports; the result is always safe to run.
+    /// The highest level at or below this one that the hardware supports; the result is
+    /// always safe to run.
     pub fn clamp_to_hardware(self) -> Self {
-        self.min(hardware_level())
+        CpuLevel::ALL
+            .into_iter()
+            .rev()
+            .find(|l| *l <= self && hardware_supports(*l))
+            .unwrap_or(CpuLevel::Scalar)
     }
+}
+
+/// Whether this CPU can run the kernels of `level`.
+pub fn hardware_supports(level: CpuLevel) -> bool {
+    static HW: OnceLock<[bool; 4]> = OnceLock::new();
+    HW.get_or_init(detect)[level as usize]
 }
 
 /// The best level this CPU supports (ignores `KILN_CPU_LEVEL`).
 pub fn hardware_level() -> CpuLevel {
-    static HW: OnceLock<CpuLevel> = OnceLock::new();
-    *HW.get_or_init(detect)
+    CpuLevel::Avx512.clamp_to_hardware()
 }
 
+/// Which of [`CpuLevel::ALL`] the CPU runs.
 #[cfg(target_arch = "x86_64")]
-fn detect() -> CpuLevel {
+fn detect() -> [bool; 4] {
     let avx2 = is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c");
-    if !avx2 {
-        return CpuLevel::Scalar;
-    }
-    let avx512 = is_x86_feature_detected!("avx512f")
+    let avx_vnni = avx2 && is_x86_feature_detected!("avxvnni");
+    let avx512 = avx2
+        && is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512vnni");
-    if avx512 {
-        CpuLevel::Avx512
-    } else {
-        CpuLevel::Avx2
-    }
+    [true, avx2, avx_vnni, avx512]
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn detect() -> CpuLevel {
-    CpuLevel::Scalar
+fn detect() -> [bool; 4] {
+    [true, false, false, false]
 }
 
 /// The level kernels use: the hardware level, lowered by `KILN_CPU_LEVEL` if set (a request
-/// above the hardware is clamped down; an unrecognised value is ignored).
+/// the hardware cannot run is lowered to the next level it can; an unrecognised value is
+/// ignored).
 pub fn cpu_level() -> CpuLevel {
     static LEVEL: OnceLock<CpuLevel> = OnceLock::new();
     *LEVEL.get_or_init(|| {
@@ -83,7 +105,7 @@ pub fn cpu_level() -> CpuLevel {
             .as_deref()
             .and_then(CpuLevel::parse)
         {
-            Some(req) => req.min(hw),
+            Some(req) => req.min(hw).clamp_to_hardware(),
             None => hw,
         }
     })
@@ -93,6 +115,6 @@ pub fn cpu_level() -> CpuLevel {
 pub fn supported_levels() -> Vec<CpuLevel> {
     CpuLevel::ALL
         .into_iter()
-        .filter(|l| *l <= hardware_level())
+        .filter(|l| hardware_supports(*l))
         .collect()
 }

@@ -39,7 +39,7 @@ pub use format::blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 pub use format::dequant::dequantize_row;
 pub use format::types::{GgmlType, QK, QK_K};
 pub use head::f32_acts::matmul_f32_activations;
-pub use level::{CpuLevel, cpu_level, hardware_level, supported_levels};
+pub use level::{CpuLevel, cpu_level, hardware_level, hardware_supports, supported_levels};
 pub use matmul::dense::{matmul_f32, matmul_f32_at};
 pub use matmul::tile::{TOKEN_TILE, vec_dot_tile_at};
 pub use matmul::{QMatrix, dequantize_matrix, matmul, matmul_at};

@@ -22,5 +22,20 @@ fn env_override_lowers_level_and_never_exceeds_hardware() {
     {
         assert_eq!(hardware_level(), CpuLevel::Avx512);
     }
-    println!("hardware level: {:?}", hardware_level());
+    // AVX-VNNI is its own feature: a CPU with AVX-512 VNNI alone must not be offered it.
+    assert_eq!(CpuLevel::parse("avx_vnni"), Some(CpuLevel::AvxVnni));
+    #[cfg(target_arch = "x86_64")]
+    {
+        let vnni =
+            std::is_x86_feature_detected!("avxvnni") && std::is_x86_feature_detected!("avx2");
+        assert_eq!(hardware_supports(CpuLevel::AvxVnni), vnni);
+        assert_eq!(levels.contains(&CpuLevel::AvxVnni), vnni);
+        let want = if vnni {
+            CpuLevel::AvxVnni
+        } else {
+            CpuLevel::Avx2.clamp_to_hardware()
+        };
+        assert_eq!(CpuLevel::AvxVnni.clamp_to_hardware(), want);
+    }
+    println!("hardware level: {:?}, levels {levels:?}", hardware_level());
 }

@@ -138,7 +138,7 @@ pub fn block_scores(
             unsafe { scores_avx512(&a, scores) };
             return;
         }
-        CpuLevel::Avx2 => {
+        CpuLevel::Avx2 | CpuLevel::AvxVnni => {
             // SAFETY: as above.
             unsafe { scores_avx2(&a, scores) };
             return;
@@ -172,7 +172,7 @@ pub fn block_weighted_sum(
             unsafe { weighted_avx512(weights, n, offset, tile, out) };
             return;
         }
-        CpuLevel::Avx2 => {
+        CpuLevel::Avx2 | CpuLevel::AvxVnni => {
             // SAFETY: as above.
             unsafe { weighted_avx2(weights, n, offset, tile, out) };
             return;

@@ -9,6 +9,8 @@
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub mod avx_vnni;
 pub mod scalar;
 
 use crate::error::{KernelError, Result};

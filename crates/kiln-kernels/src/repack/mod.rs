@@ -606,22 +606,24 @@ macro_rules! k_arms {
     };
 }
 
-/// The body of [`tile_groups`] at the x86 level `$m` (`avx2` or `avx512`).
+/// The body of [`tile_groups`] at the x86 level `$m` (`avx2`, `avx_vnni` or `avx512`), with
+/// `$m256` the module of that level's 256-bit kernels, which run the types without a 512-bit
+/// kernel (`avx_vnni` for itself, `avx2` for the others).
 #[cfg(target_arch = "x86_64")]
 macro_rules! x86_tile_groups {
-    ($m:ident, $w:expr, $gs:expr, $acts:expr, $ts:expr, $out:expr) => {{
+    ($m:ident, $m256:ident, $w:expr, $gs:expr, $acts:expr, $ts:expr, $out:expr) => {{
         let (w, gs, acts, ts, out) = ($w, $gs, $acts, $ts, $out);
         match w.ty {
             GgmlType::Q4_K => k_arms!($m, q4_kx16_q8_k, Q4_KX16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
-            // No 512-bit kernel: the AVX2 one runs at both levels.
-            GgmlType::Q5_K => k_arms!(avx2, q5_kx16_q8_k, Q5_KX16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
+            // No 512-bit kernel: the 256-bit one runs at every level.
+            GgmlType::Q5_K => k_arms!($m256, q5_kx16_q8_k, Q5_KX16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
             GgmlType::Q6_K => k_arms!($m, q6_kx16_q8_k, Q6_KX16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
-            // No 512-bit kernel: the AVX2 one runs at both levels.
-            GgmlType::Q4_0 => arms!(avx2, q4_0x16_q8_0, q8_0_row, Q4_0X16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
+            // No 512-bit kernel: the 256-bit one runs at every level.
+            GgmlType::Q4_0 => arms!($m256, q4_0x16_q8_0, q8_0_row, Q4_0X16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
             GgmlType::Q4_1 => arms!($m, q4_1x16_q8_1, q8_1_row, Q4_1X16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
             GgmlType::Q8_0 => arms!($m, q8_0x16_q8_0, q8_0_row, Q8_0X16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
-            // The bit planes have one kernel, AVX2's, which runs at both levels.
-            GgmlType::Q5_0 if w.fifth_bits == FifthBits::Planes => arms!(avx2, q5_0p16_q8_0, q8_0_row, Q5_0X16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
+            // The bit planes have 256-bit kernels only, which run at every level.
+            GgmlType::Q5_0 if w.fifth_bits == FifthBits::Planes => arms!($m256, q5_0p16_q8_0, q8_0_row, Q5_0X16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
             GgmlType::Q5_0 => arms!($m, q5_0x16_q8_0, q8_0_row, Q5_0X16_BYTES, (w, gs, acts, ts, out); 1 2 3 4 5 6 7 8),
             // Only the types above are repacked; another would leave its outputs unwritten.
             other => unreachable!("no repacked kernel for {other:?}"),
@@ -644,10 +646,10 @@ unsafe fn tile_groups(
 ) {
     #[cfg(target_arch = "x86_64")]
     if level >= CpuLevel::Avx2 {
-        if level >= CpuLevel::Avx512 {
-            x86_tile_groups!(avx512, w, gs, acts, ts, out);
-        } else {
-            x86_tile_groups!(avx2, w, gs, acts, ts, out);
+        match level {
+            CpuLevel::Avx512 => x86_tile_groups!(avx512, avx2, w, gs, acts, ts, out),
+            CpuLevel::AvxVnni => x86_tile_groups!(avx_vnni, avx_vnni, w, gs, acts, ts, out),
+            _ => x86_tile_groups!(avx2, avx2, w, gs, acts, ts, out),
         }
         return;
     }

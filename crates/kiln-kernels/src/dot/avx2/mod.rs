@@ -15,8 +15,8 @@
 mod head16;
 mod kquant;
 mod legacy;
-mod repack;
-mod repack_k;
+pub(super) mod repack;
+pub(super) mod repack_k;
 mod tile;
 mod tile_k;
 

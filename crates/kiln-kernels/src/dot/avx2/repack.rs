@@ -32,10 +32,27 @@ pub fn q4_1x16_q8_1<const N: usize>(
     sums: [&[f32]; N],
     out: &mut [[f32; 16]; N],
 ) {
+    let ones = _mm256_set1_epi16(1);
+    // |pair| ≤ 2·15·127, so the eight pair sums of a block fit in 16 bits.
+    q4_1_x16(w, a, sums, out, |v, qs| {
+        _mm256_madd_epi16(block_pairs(v, qs), ones)
+    });
+}
+
+/// The body of [`q4_1x16_q8_1`] with the block's integer dot product `dot(codes, qs)` (exact,
+/// per 32-bit lane) given by the level.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn q4_1_x16<const N: usize>(
+    w: &[[u8; Q4_1X16_BYTES]],
+    a: [&[BlockQ8_1]; N],
+    sums: [&[f32]; N],
+    out: &mut [[f32; 16]; N],
+    dot: impl Fn(&[__m256i; 8], &[i8; 32]) -> __m256i,
+) {
     let nb = a.iter().fold(w.len(), |n, r| n.min(r.len()));
     let nb = sums.iter().fold(nb, |n, r| n.min(r.len()));
     let m4 = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
     let stream = streamed(N);
     for (b, g) in w[..nb].iter().enumerate() {
@@ -55,8 +72,7 @@ pub fn q4_1x16_q8_1<const N: usize>(
             };
             for t in 0..N {
                 let y = &a[t][b];
-                // |pair| ≤ 2·15·127, so the eight pair sums of a block fit in 16 bits.
-                let s = _mm256_madd_epi16(block_pairs(&v, &y.qs), ones);
+                let s = dot(&v, &y.qs);
                 let d = _mm256_mul_ps(dw, _mm256_set1_ps(f16c(y.d)));
                 acc[t][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t][h]);
                 acc[t][h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sums[t][b]), acc[t][h]);
@@ -135,20 +151,41 @@ pub fn q5_0x16_q8_0<const N: usize>(
     sums: [&[f32]; N],
     out: &mut [[f32; 16]; N],
 ) {
+    offset_codes_x16(
+        w,
+        16,
+        PREFETCH_AHEAD,
+        a,
+        sums,
+        out,
+        |base, h| {
+            // SAFETY: `base` is a 352-byte Q5_0 group block.
+            unsafe { q5_0_mask_codes(base, h) }
+        },
+        |v, qs| pairs_dot_halves(v, qs),
+    )
+}
+
+/// Half `h`'s eight code vectors of a Q5_0 group block with the fifth bits as masks
+/// ([`crate::repack::FifthBits::Masks`]).
+///
+/// # Safety
+/// `base` must be valid for the 352 bytes of a Q5_0 group block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q5_0_mask_codes(base: *const u8, h: usize) -> [__m256i; 8] {
     let m4 = _mm256_set1_epi8(0x0F);
     let sixteen = _mm256_set1_epi8(16);
-    offset_codes_x16(w, 16, a, sums, out, |base, h| {
-        // SAFETY: eight 8-byte masks at 32..96 and four nibble vectors at 96..352 of the
-        // 352-byte group block; half `h` reads its part of each.
-        let mut v = unsafe { nibble_codes(base.add(96 + 32 * h), m4) };
-        for (i, v) in v.iter_mut().enumerate() {
-            // SAFETY: half `h` of mask `i`, inside 32..96.
-            let bits = unsafe { base.add(32 + 8 * i + 4 * h).cast::<u32>().read_unaligned() };
-            let high = _mm256_and_si256(super::bits_to_bytes(u32::from_le(bits)), sixteen);
-            *v = _mm256_or_si256(*v, high);
-        }
-        v
-    })
+    // SAFETY: eight 8-byte masks at 32..96 and four nibble vectors at 96..352 of the
+    // 352-byte group block; half `h` reads its part of each.
+    let mut v = unsafe { nibble_codes(base.add(96 + 32 * h), m4) };
+    for (i, v) in v.iter_mut().enumerate() {
+        // SAFETY: half `h` of mask `i`, inside 32..96.
+        let bits = unsafe { base.add(32 + 8 * i + 4 * h).cast::<u32>().read_unaligned() };
+        let high = _mm256_and_si256(super::bits_to_bytes(u32::from_le(bits)), sixteen);
+        *v = _mm256_or_si256(*v, high);
+    }
+    v
 }
 
 /// [`q5_0x16_q8_0`] on the bit-plane layout ([`crate::repack::FifthBits::Planes`]): half `h`'s
@@ -165,30 +202,51 @@ pub fn q5_0p16_q8_0<const N: usize>(
     sums: [&[f32]; N],
     out: &mut [[f32; 16]; N],
 ) {
+    offset_codes_x16(
+        w,
+        16,
+        PREFETCH_AHEAD,
+        a,
+        sums,
+        out,
+        |base, h| {
+            // SAFETY: `base` is a 352-byte Q5_0 group block.
+            unsafe { q5_0_plane_codes(base, h) }
+        },
+        |v, qs| pairs_dot_halves(v, qs),
+    )
+}
+
+/// Half `h`'s eight code vectors of a Q5_0 group block with the fifth bits as planes
+/// ([`crate::repack::FifthBits::Planes`]).
+///
+/// # Safety
+/// `base` must be valid for the 352 bytes of a Q5_0 group block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q5_0_plane_codes(base: *const u8, h: usize) -> [__m256i; 8] {
     let m4 = _mm256_set1_epi8(0x0F);
     let sixteen = _mm256_set1_epi8(16);
-    offset_codes_x16(w, 16, a, sums, out, |base, h| {
-        // SAFETY: the planes at 32..96 and four nibble vectors at 96..352 of the 352-byte
-        // group block; half `h` reads its 32 bytes of each.
-        let (mut v, p) = unsafe {
-            let v = nibble_codes(base.add(96 + 32 * h), m4);
-            (v, _mm256_loadu_si256(base.add(32 + 32 * h).cast()))
-        };
-        let at_bit4 = [
-            _mm256_slli_epi16::<4>(p),
-            _mm256_slli_epi16::<3>(p),
-            _mm256_slli_epi16::<2>(p),
-            _mm256_slli_epi16::<1>(p),
-            p,
-            _mm256_srli_epi16::<1>(p),
-            _mm256_srli_epi16::<2>(p),
-            _mm256_srli_epi16::<3>(p),
-        ];
-        for (v, high) in v.iter_mut().zip(at_bit4) {
-            *v = _mm256_or_si256(*v, _mm256_and_si256(high, sixteen));
-        }
-        v
-    })
+    // SAFETY: the planes at 32..96 and four nibble vectors at 96..352 of the 352-byte
+    // group block; half `h` reads its 32 bytes of each.
+    let (mut v, p) = unsafe {
+        let v = nibble_codes(base.add(96 + 32 * h), m4);
+        (v, _mm256_loadu_si256(base.add(32 + 32 * h).cast()))
+    };
+    let at_bit4 = [
+        _mm256_slli_epi16::<4>(p),
+        _mm256_slli_epi16::<3>(p),
+        _mm256_slli_epi16::<2>(p),
+        _mm256_slli_epi16::<1>(p),
+        p,
+        _mm256_srli_epi16::<1>(p),
+        _mm256_srli_epi16::<2>(p),
+        _mm256_srli_epi16::<3>(p),
+    ];
+    for (v, high) in v.iter_mut().zip(at_bit4) {
+        *v = _mm256_or_si256(*v, _mm256_and_si256(high, sixteen));
+    }
+    v
 }
 
 /// Q4_0 weights of one 16-row group × `N` Q8_0 activation rows, as [`q5_0x16_q8_0`] without
@@ -205,38 +263,50 @@ pub fn q4_0x16_q8_0<const N: usize>(
     out: &mut [[f32; 16]; N],
 ) {
     let m4 = _mm256_set1_epi8(0x0F);
-    offset_codes_x16(w, 8, a, sums, out, |base, h| {
-        // SAFETY: four nibble vectors at 32..288 of the 288-byte group block; half `h` reads
-        // its 32 bytes of each.
-        unsafe { nibble_codes(base.add(32 + 32 * h), m4) }
-    })
+    offset_codes_x16(
+        w,
+        8,
+        PREFETCH_AHEAD,
+        a,
+        sums,
+        out,
+        |base, h| {
+            // SAFETY: four nibble vectors at 32..288 of the 288-byte group block; half `h` reads
+            // its 32 bytes of each.
+            unsafe { nibble_codes(base.add(32 + 32 * h), m4) }
+        },
+        |v, qs| pairs_dot_halves(v, qs),
+    )
 }
 
-/// Shared body of the offset-code kernels (Q5_0, Q4_0): `decode(block, h)` gives half `h`'s
-/// eight code vectors (codes `w + offset`, below 32); the scales are the block's first 32
-/// bytes. Four pair sums of such codes fit in 16 bits, so each block half is widened in two.
-/// `sums` must hold the activation blocks' exact integer `Σq` (as
-/// [`crate::QuantizedActivations`] makes them), which is what the correction converts.
+/// Shared body of the offset-code kernels (Q5_0, Q4_0; Q8_0 with VNNI): `decode(block, h)`
+/// gives half `h`'s eight code vectors (codes `w + offset`, unsigned), `dot(codes, qs)` their
+/// exact integer dot product with an activation block per 32-bit lane; the scales are the
+/// block's first 32 bytes, and a one-token call prefetches `ahead` bytes on. `sums` must hold
+/// the activation blocks' exact integer `Σq` (as [`crate::QuantizedActivations`] makes them),
+/// which is what the correction converts.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn offset_codes_x16<const B: usize, const N: usize>(
+#[allow(clippy::too_many_arguments)] // the level's two hooks beside the kernel's arguments
+pub(crate) fn offset_codes_x16<const B: usize, const N: usize>(
     w: &[[u8; B]],
     offset: i32,
+    ahead: usize,
     a: [&[BlockQ8_0]; N],
     sums: [&[f32]; N],
     out: &mut [[f32; 16]; N],
     decode: impl Fn(*const u8, usize) -> [__m256i; 8],
+    dot: impl Fn(&[__m256i; 8], &[i8; 32]) -> __m256i,
 ) {
     let nb = a.iter().fold(w.len(), |n, r| n.min(r.len()));
     let nb = sums.iter().fold(nb, |n, r| n.min(r.len()));
-    let ones = _mm256_set1_epi16(1);
     let off = _mm256_set1_ps(offset as f32);
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
     let stream = streamed(N);
     for (b, g) in w[..nb].iter().enumerate() {
         let base = g.as_ptr();
         if N == 1 {
-            prefetch(base.wrapping_add(PREFETCH_AHEAD), B, stream);
+            prefetch(base.wrapping_add(ahead), B, stream);
         }
         for h in 0..2 {
             // SAFETY: the 16 f16 scales are the first 32 bytes of every group block (B ≥ 32).
@@ -244,11 +314,10 @@ fn offset_codes_x16<const B: usize, const N: usize>(
             let v = decode(base, h);
             for t in 0..N {
                 let y = &a[t][b];
-                // |pair| ≤ 2·31·127: four pair sums fit in 16 bits, so two halves of four.
-                let (lo, hi) = block_pairs_halves(&v, &y.qs);
-                let s = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
+                let s = dot(&v, &y.qs);
                 // |Σq| < 2^12, so the f32 sum is an exact integer, and so is its product with
-                // the offset (≤ 16); the vector conversion skips the checks of a scalar `as`.
+                // the offset (≤ 128, below 2^24); the vector conversion skips the checks of a
+                // scalar `as`.
                 let o = _mm256_cvttps_epi32(_mm256_mul_ps(_mm256_set1_ps(sums[t][b]), off));
                 let s = _mm256_sub_epi32(s, o);
                 let d = _mm256_mul_ps(dw, _mm256_set1_ps(f16c(y.d)));
@@ -266,6 +335,16 @@ fn offset_codes_x16<const B: usize, const N: usize>(
 pub(super) fn block_pairs(v: &[__m256i; 8], qs: &[i8; 32]) -> __m256i {
     let (lo, hi) = block_pairs_halves(v, qs);
     _mm256_add_epi16(lo, hi)
+}
+
+/// The exact integer dot product of codes below 32 with an activation block, per 32-bit lane:
+/// |pair| ≤ 2·31·127, so four pair sums fit in 16 bits and the block is widened in two halves.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn pairs_dot_halves(v: &[__m256i; 8], qs: &[i8; 32]) -> __m256i {
+    let ones = _mm256_set1_epi16(1);
+    let (lo, hi) = block_pairs_halves(v, qs);
+    _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones))
 }
 
 /// [`block_pairs`] in two halves (codes `0..16` of the block and `16..32`), for codes whose
@@ -291,7 +370,7 @@ pub(super) fn block_pairs_halves(v: &[__m256i; 8], qs: &[i8; 32]) -> (__m256i, _
 /// `p + 64j .. p + 64j + 32` must be readable for `j < 4`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn nibble_codes(p: *const u8, m4: __m256i) -> [__m256i; 8] {
+pub(crate) unsafe fn nibble_codes(p: *const u8, m4: __m256i) -> [__m256i; 8] {
     let mut v = [_mm256_setzero_si256(); 8];
     for j in 0..4 {
         // SAFETY: the caller's bytes.
@@ -305,7 +384,7 @@ pub(super) unsafe fn nibble_codes(p: *const u8, m4: __m256i) -> [__m256i; 8] {
 /// Writes each token's two halves (rows 0..8, 8..16) as its 16 outputs.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn store<const N: usize>(acc: &[[__m256; 2]; N], out: &mut [[f32; 16]; N]) {
+pub(crate) fn store<const N: usize>(acc: &[[__m256; 2]; N], out: &mut [[f32; 16]; N]) {
     for (acc, out) in acc.iter().zip(out.iter_mut()) {
         // SAFETY: `out` is 16 floats.
         unsafe {
@@ -318,18 +397,18 @@ pub(super) fn store<const N: usize>(acc: &[[__m256; 2]; N], out: &mut [[f32; 16]
 /// How far ahead of the block being multiplied a one-token call asks for its weights: on a
 /// Zen 3 VM decode ran 10–20% faster with it (any distance from 768 to 3,072 bytes alike);
 /// with several tokens the weights come from cache and the hint would only cost instructions.
-pub(super) const PREFETCH_AHEAD: usize = 1536;
+pub(crate) const PREFETCH_AHEAD: usize = 1536;
 
 /// [`PREFETCH_AHEAD`] for the kernels that measured faster asking further ahead: the 8-bit
 /// codes (the Q8_0 kernel and the 16-bit head) and Q4_1 (`docs/benchmarks-history.md`, issue 20).
-pub(super) const FAR_PREFETCH_AHEAD: usize = 3072;
+pub(crate) const FAR_PREFETCH_AHEAD: usize = 3072;
 
 /// Asks for the cache lines of `bytes` from `at` (an address past the matrix is harmless: a
 /// prefetch never faults): into L1 alone when the weights are `streamed` past the caches
 /// ([`crate::stream`]), else into every level.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn prefetch(at: *const u8, bytes: usize, streamed: bool) {
+pub(crate) fn prefetch(at: *const u8, bytes: usize, streamed: bool) {
     for line in 0..bytes.div_ceil(64) {
         let p = at.wrapping_add(64 * line).cast();
         if streamed {
@@ -343,6 +422,6 @@ pub(super) fn prefetch(at: *const u8, bytes: usize, streamed: bool) {
 /// Whether a call with `n` tokens streams its weights: only one-token calls do (several
 /// tokens reuse each weight across token tiles, from L2).
 #[inline]
-pub(super) fn streamed(n: usize) -> bool {
+pub(crate) fn streamed(n: usize) -> bool {
     n == 1 && crate::stream::weights_exceed_cache()
 }

@@ -30,7 +30,10 @@ pub fn q4_kx16_q8_k<const N: usize>(
     a: [&[BlockQ8K]; N],
     out: &mut [[f32; 16]; N],
 ) {
-    k4_x16::<_, N, false>(w, a, out, 256);
+    // |pair| ≤ 2·15·127: the eight pair sums fit in 16 bits.
+    k4_x16::<_, N, false>(w, a, out, 256, |v, y, _, pair| {
+        _mm256_madd_epi16(block_pairs(v, y), pair)
+    });
 }
 
 /// Q5_K weights of one 16-row group × `N` Q8_K activation rows, as [`q4_kx16_q8_k`] with each
@@ -45,19 +48,26 @@ pub fn q5_kx16_q8_k<const N: usize>(
     a: [&[BlockQ8K]; N],
     out: &mut [[f32; 16]; N],
 ) {
-    k4_x16::<_, N, true>(w, a, out, Q5_K_PIECE_BYTES);
+    k4_x16::<_, N, true>(w, a, out, Q5_K_PIECE_BYTES, |v, y, _, pair| {
+        // |pair| ≤ 2·31·127: four pair sums fit in 16 bits, so two halves.
+        let (lo, hi) = block_pairs_halves(v, y);
+        _mm256_add_epi32(_mm256_madd_epi16(lo, pair), _mm256_madd_epi16(hi, pair))
+    });
 }
 
 /// Shared body of the Q4_K and Q5_K kernels: the 256-byte header of [`crate::repack::kquant`],
 /// then pieces of `piece_bytes` from byte 256, each four nibble vectors and, with `FIFTH`, the
-/// eight 64-bit masks of the codes' fifth bits after them.
+/// eight 64-bit masks of the codes' fifth bits after them. `dot(codes, y, sc, pair)` is the
+/// level's exact `sc·Σ code·y` per row (32-bit lane) of one piece, given the rows' sub-block
+/// scales as 32-bit lanes (`sc`) and copied into both 16-bit halves ([`pair_of`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn k4_x16<const B: usize, const N: usize, const FIFTH: bool>(
+pub(crate) fn k4_x16<const B: usize, const N: usize, const FIFTH: bool>(
     w: &[[u8; B]],
     a: [&[BlockQ8K]; N],
     out: &mut [[f32; 16]; N],
     piece_bytes: usize,
+    dot: impl Fn(&[__m256i; 8], &[i8; 32], __m256i, __m256i) -> __m256i,
 ) {
     let nb = a.iter().fold(w.len(), |n, r| n.min(r.len()));
     let m4 = _mm256_set1_epi8(0x0F);
@@ -73,7 +83,7 @@ fn k4_x16<const B: usize, const N: usize, const FIFTH: bool>(
         for h in 0..2 {
             // SAFETY: the half's scale bytes at 64 + 16p + 8h (inside 64..192); the piece's
             // code vectors (and masks) at 256 + piece_bytes·p.., inside the group block.
-            let (sc, v) = unsafe {
+            let (sc, pair, v) = unsafe {
                 let raw =
                     _mm256_cvtepu8_epi32(_mm_loadl_epi64(base.add(64 + 16 * p + 8 * h).cast()));
                 let piece = base.add(Q4_K_CODES_AT + piece_bytes * p);
@@ -91,19 +101,12 @@ fn k4_x16<const B: usize, const N: usize, const FIFTH: bool>(
                         *v = _mm256_or_si256(*v, high);
                     }
                 }
-                (pair_of(_mm256_and_si256(raw, low6)), v)
+                let sc = _mm256_and_si256(raw, low6);
+                (sc, pair_of(sc), v)
             };
             for t in 0..N {
                 let y = &a[t][b].qs.as_chunks::<32>().0[p];
-                let s = if FIFTH {
-                    // |pair| ≤ 2·31·127: four pair sums fit in 16 bits, so two halves.
-                    let (lo, hi) = block_pairs_halves(&v, y);
-                    _mm256_add_epi32(_mm256_madd_epi16(lo, sc), _mm256_madd_epi16(hi, sc))
-                } else {
-                    // |pair| ≤ 2·15·127: the eight pair sums fit in 16 bits.
-                    _mm256_madd_epi16(block_pairs(&v, y), sc)
-                };
-                isum[t][h] = _mm256_add_epi32(isum[t][h], s);
+                isum[t][h] = _mm256_add_epi32(isum[t][h], dot(&v, y, sc, pair));
             }
         }
         if p < 7 {
@@ -141,7 +144,7 @@ fn k4_x16<const B: usize, const N: usize, const FIFTH: bool>(
 
 /// How far ahead of the piece being multiplied the K-quant kernels ask for their weights, as
 /// the AVX-512 kernels do.
-const K_PREFETCH_AHEAD: usize = 2048;
+pub(crate) const K_PREFETCH_AHEAD: usize = 2048;
 
 /// Each 32-bit lane's low 16 bits copied into its high 16 bits: a per-row multiplier for
 /// `vpmaddwd` against 16-bit pair sums.
@@ -197,6 +200,38 @@ pub fn q6_kx16_q8_k<const N: usize>(
     a: [&[BlockQ8K]; N],
     out: &mut [[f32; 16]; N],
 ) {
+    q6_k_x16(w, a, out, |v, y, _, lo_pair, hi_pair| {
+        let q = y.as_ptr().cast::<i32>();
+        let mut pairs = [_mm256_setzero_si256(); 4];
+        for (i, v) in v.iter().enumerate() {
+            // SAFETY: word i of the 32-byte piece of qs.
+            let yi = _mm256_set1_epi32(unsafe { q.add(i).read_unaligned() });
+            // |pair| ≤ 2·63·127: two pair sums fit in 16 bits.
+            pairs[i / 2] = _mm256_add_epi16(pairs[i / 2], _mm256_maddubs_epi16(*v, yi));
+        }
+        let lo = _mm256_add_epi32(
+            _mm256_madd_epi16(pairs[0], lo_pair),
+            _mm256_madd_epi16(pairs[1], lo_pair),
+        );
+        let hi = _mm256_add_epi32(
+            _mm256_madd_epi16(pairs[2], hi_pair),
+            _mm256_madd_epi16(pairs[3], hi_pair),
+        );
+        _mm256_add_epi32(lo, hi)
+    });
+}
+
+/// The body of [`q6_kx16_q8_k`]: `dot(codes, y, [sc_lo, sc_hi], lo_pair, hi_pair)` is the
+/// level's exact `sc_lo·Σ_{0..16} c·y + sc_hi·Σ_{16..32} c·y` per row of one 32-value piece,
+/// given the rows' two scales as 32-bit lanes and each copied into both 16-bit halves.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn q6_k_x16<const N: usize>(
+    w: &[[u8; Q6_KX16_BYTES]],
+    a: [&[BlockQ8K]; N],
+    out: &mut [[f32; 16]; N],
+    dot: impl Fn(&[__m256i; 8], &[i8; 32], [__m256i; 2], __m256i, __m256i) -> __m256i,
+) {
     let nb = a.iter().fold(w.len(), |n, r| n.min(r.len()));
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
@@ -231,26 +266,17 @@ pub fn q6_kx16_q8_k<const N: usize>(
             );
             for t in 0..N {
                 let y = &a[t][b];
-                let q = y.qs.as_chunks::<32>().0[p].as_ptr().cast::<i32>();
-                let mut pairs = [_mm256_setzero_si256(); 4];
-                for (i, v) in v.iter().enumerate() {
-                    // SAFETY: word i of the 32-byte piece of qs.
-                    let yi = _mm256_set1_epi32(unsafe { q.add(i).read_unaligned() });
-                    // |pair| ≤ 2·63·127: two pair sums fit in 16 bits.
-                    pairs[i / 2] = _mm256_add_epi16(pairs[i / 2], _mm256_maddubs_epi16(*v, yi));
-                }
-                let lo = _mm256_add_epi32(
-                    _mm256_madd_epi16(pairs[0], lo_pair),
-                    _mm256_madd_epi16(pairs[1], lo_pair),
-                );
-                let hi = _mm256_add_epi32(
-                    _mm256_madd_epi16(pairs[2], hi_pair),
-                    _mm256_madd_epi16(pairs[3], hi_pair),
+                let scaled = dot(
+                    &v,
+                    &y.qs.as_chunks::<32>().0[p],
+                    [sc_lo, sc_hi],
+                    lo_pair,
+                    hi_pair,
                 );
                 // SAFETY: bsums[2p..2p + 2] as one word, inside the 16 sums.
                 let word = unsafe { y.bsums.as_ptr().add(2 * p).cast::<i32>().read_unaligned() };
                 let offset = _mm256_madd_epi16(both, _mm256_set1_epi32(word));
-                let s = _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_slli_epi32::<5>(offset));
+                let s = _mm256_sub_epi32(scaled, _mm256_slli_epi32::<5>(offset));
                 isum[t][h] = _mm256_add_epi32(isum[t][h], s);
             }
         }
@@ -278,7 +304,7 @@ pub fn q6_kx16_q8_k<const N: usize>(
 /// `piece` must be valid for 384 bytes of reads.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_codes(piece: *const u8, h: usize, m4: __m256i) -> [__m256i; 8] {
+pub(crate) unsafe fn q6_k_codes(piece: *const u8, h: usize, m4: __m256i) -> [__m256i; 8] {
     // SAFETY: four nibble vectors at 0..256, two high-bit vectors at 256..384; the half reads
     // its 32 bytes of each.
     let (mut v, high) = unsafe {
