@@ -68,6 +68,11 @@ pub fn q8_0x16_q8_0<const N: usize>(
     sums: [&[f32]; N],
     out: &mut [[f32; 16]; N],
 ) {
+    if N == 1 {
+        // Decode keeps the AVX2 kernel: in the first A/B (docs/benchmarks.md, "AVX-VNNI")
+        // one token through `vpdpbusd` was slower, and it gains nothing at the memory limit.
+        return super::avx2::q8_0x16_q8_0(w, a, sums, out);
+    }
     let decode = |base: *const u8, h: usize| {
         let mut v = [_mm256_setzero_si256(); 8];
         for (i, v) in v.iter_mut().enumerate() {
