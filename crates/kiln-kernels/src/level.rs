@@ -54,18 +54,35 @@ impl CpuLevel {
     /// The highest level at or below this one that the hardware supports; the result is
     /// always safe to run.
     pub fn clamp_to_hardware(self) -> Self {
-        CpuLevel::ALL
-            .into_iter()
-            .rev()
-            .find(|l| *l <= self && hardware_supports(*l))
-            .unwrap_or(CpuLevel::Scalar)
+        hardware().clamped[self as usize]
     }
+}
+
+/// What the CPU runs, detected once: `supports[l]` for each level of [`CpuLevel::ALL`], and
+/// `clamped[l]`, the answer of [`CpuLevel::clamp_to_hardware`] (kernels ask it per call).
+struct Hardware {
+    supports: [bool; 4],
+    clamped: [CpuLevel; 4],
+}
+
+fn hardware() -> &'static Hardware {
+    static HW: OnceLock<Hardware> = OnceLock::new();
+    HW.get_or_init(|| {
+        let supports = detect();
+        let clamped = CpuLevel::ALL.map(|req| {
+            CpuLevel::ALL
+                .into_iter()
+                .rev()
+                .find(|l| *l <= req && supports[*l as usize])
+                .unwrap_or(CpuLevel::Scalar)
+        });
+        Hardware { supports, clamped }
+    })
 }
 
 /// Whether this CPU can run the kernels of `level`.
 pub fn hardware_supports(level: CpuLevel) -> bool {
-    static HW: OnceLock<[bool; 4]> = OnceLock::new();
-    HW.get_or_init(detect)[level as usize]
+    hardware().supports[level as usize]
 }
 
 /// The best level this CPU supports (ignores `KILN_CPU_LEVEL`).

@@ -173,7 +173,7 @@ pub fn q5_0x16_q8_0<const N: usize>(
 /// `base` must be valid for the 352 bytes of a Q5_0 group block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q5_0_mask_codes(base: *const u8, h: usize) -> [__m256i; 8] {
+unsafe fn q5_0_mask_codes(base: *const u8, h: usize) -> [__m256i; 8] {
     let m4 = _mm256_set1_epi8(0x0F);
     let sixteen = _mm256_set1_epi8(16);
     // SAFETY: eight 8-byte masks at 32..96 and four nibble vectors at 96..352 of the
