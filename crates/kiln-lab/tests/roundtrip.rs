@@ -287,15 +287,15 @@ fn gguf_output_blocks_decode_to_what_the_encoder_made_and_metadata_carries_over(
         .unwrap();
         let encoded = kiln_kernels::encode::encode_rows(ib.ty, &source, rows, cols).unwrap();
         assert_eq!(
-            gb.tensor_bytes(ib),
-            encoded,
+            &gb.tensor_bytes(ib)[..],
+            &encoded[..],
             "{name}: the file holds the encoder's blocks"
         );
         let decoded = kiln_model::backend::HostTensor {
             ty: ib.ty,
             rows,
             cols,
-            bytes: encoded,
+            bytes: encoded.into(),
         }
         .to_f32()
         .unwrap();

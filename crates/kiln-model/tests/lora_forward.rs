@@ -96,7 +96,11 @@ fn merged<B: Backend>(b: &B, files: &ModelFiles, adapters: &[&LoraAdapter]) -> M
                 }
             }
         }
-        let bytes = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes = w
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into();
         let t = HostTensor {
             ty: GgmlType::F32,
             rows,

@@ -244,7 +244,8 @@ fn forward_resumed_at_a_layer_equals_the_full_forward() {
             .unwrap()
             .iter()
             .flat_map(|v| (v * 0.5).to_le_bytes())
-            .collect();
+            .collect::<Vec<u8>>()
+            .into();
         t.ty = kiln_kernels::GgmlType::F32;
         let original = model
             .replace_matrix(

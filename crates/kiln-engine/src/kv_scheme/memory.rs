@@ -165,9 +165,10 @@ impl KvGeometry {
     }
 }
 
-/// Peak RSS while loading: each tensor is copied out of the file mapping and its mapped pages
-/// released, so at worst the copies so far plus the largest tensor's pages are resident, with
-/// the backend's runtime overhead.
+/// Peak RSS while loading: each tensor is copied or repacked straight out of the file mapping
+/// and its mapped pages released, so at worst the weights so far plus the largest tensor's
+/// pages are resident, with the backend's runtime overhead. (A lookup table the backend leaves
+/// in the map is counted as if it were copied: an upper bound.)
 pub fn load_peak_bytes(weight_bytes: u64, largest_tensor_bytes: u64, overhead: u64) -> u64 {
     weight_bytes + largest_tensor_bytes + overhead
 }

@@ -118,22 +118,22 @@ impl RepackedMatrix {
             && file_block_bytes(ty).is_some()
     }
 
-    /// Repacks a copy of `w` in the layout for the process's level; an error if its type has
-    /// no interleaved layout.
+    /// Repacks `w` in the layout for the process's level; an error if its type has no
+    /// interleaved layout.
     pub fn new(w: &QMatrix<'_>) -> Result<Self> {
-        Self::from_file_bytes(w.ty(), w.rows(), w.cols(), w.data().to_vec())
+        Self::from_file_bytes(w.ty(), w.rows(), w.cols(), w.data())
     }
 
     /// [`Self::with_fifth_bits`] in the layout whose kernels are fastest at the process's
     /// level ([`FifthBits::for_level`]).
-    pub fn from_file_bytes(ty: GgmlType, rows: usize, cols: usize, bytes: Vec<u8>) -> Result<Self> {
+    pub fn from_file_bytes(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Self> {
         let fifth_bits = FifthBits::for_level(crate::cpu_level());
         Self::with_fifth_bits(fifth_bits, ty, rows, cols, bytes)
     }
 
-    /// Repacks `bytes` (`rows` rows of `cols` elements of `ty`, file layout), a Q5_0 matrix's
-    /// fifth bits laid out as `fifth_bits` (every level runs either): each group of 16 rows
-    /// packed from `bytes` into fresh huge-page storage (group `g` takes exactly the bytes of
+    /// Repacks `bytes` (`rows` rows of `cols` elements of `ty`, file layout; a model file's map
+    /// or a copy), a Q5_0 matrix's fifth bits laid out as `fifth_bits` (every level runs
+    /// either): each group of 16 rows packed from `bytes` into fresh huge-page storage (group `g` takes exactly the bytes of
     /// rows `16g..16g + 16`), the groups spread over the pool. An error if `ty` has no
     /// interleaved layout or the size is wrong.
     pub fn with_fifth_bits(
@@ -141,10 +141,10 @@ impl RepackedMatrix {
         ty: GgmlType,
         rows: usize,
         cols: usize,
-        bytes: Vec<u8>,
+        bytes: &[u8],
     ) -> Result<Self> {
         let fb = file_block_bytes(ty).ok_or(KernelError::Unsupported { op: "repack", ty })?;
-        let rb = QMatrix::new(ty, rows, cols, &bytes)?.row_bytes();
+        let rb = QMatrix::new(ty, rows, cols, bytes)?.row_bytes();
         let stripe = GROUP_ROWS * rb;
         // The groups are packed straight from the file's bytes into huge pages (see `arena`)
         // on the pool: the first touch of those pages, which on some VMs costs more than the
@@ -164,7 +164,6 @@ impl RepackedMatrix {
                 }
             }
         });
-        drop(bytes);
         Ok(Self {
             ty,
             fifth_bits,
@@ -892,7 +891,7 @@ mod tests {
             let (data, _) = matrix(ty, rows, cols, 3 + rows as u32);
             let rb = data.len() / rows;
             let build =
-                |bits| RepackedMatrix::with_fifth_bits(bits, ty, rows, cols, data.clone()).unwrap();
+                |bits| RepackedMatrix::with_fifth_bits(bits, ty, rows, cols, &data).unwrap();
             let (masks, planes) = (build(FifthBits::Masks), build(FifthBits::Planes));
             assert_ne!(
                 masks.group(0),

@@ -118,9 +118,11 @@ pub fn write_edited(
             }
         }
         let bytes = match values {
-            Some(v) => kiln_kernels::encode::encode_rows(spec.ty, &v, rows, cols)?,
+            Some(v) => kiln_kernels::encode::encode_rows(spec.ty, &v, rows, cols)?.into(),
             None if spec.ty == info.ty => source.bytes,
-            None => kiln_kernels::encode::encode_rows(spec.ty, &source.to_f32()?, rows, cols)?,
+            None => {
+                kiln_kernels::encode::encode_rows(spec.ty, &source.to_f32()?, rows, cols)?.into()
+            }
         };
         writer.write_tensor(&spec.name, &bytes)?;
         report.data_bytes += bytes.len() as u64;

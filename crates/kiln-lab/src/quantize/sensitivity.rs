@@ -165,7 +165,7 @@ pub fn simulate(
 ) -> Result<HostTensor, LabError> {
     let values = match layout {
         Layout::Gguf(ty) => {
-            let bytes = kiln_kernels::encode::encode_rows(ty, data, rows, cols)?;
+            let bytes = kiln_kernels::encode::encode_rows(ty, data, rows, cols)?.into();
             HostTensor {
                 ty,
                 rows,
@@ -184,7 +184,11 @@ pub fn simulate(
         ty: kiln_kernels::GgmlType::F32,
         rows,
         cols,
-        bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        bytes: values
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into(),
     })
 }
 

@@ -103,15 +103,17 @@ impl<B: Backend> Model<B> {
             }
         };
         let (v, h) = (config.vocab_size, config.hidden_size);
-        let embed = decoder::matrix_as(
-            backend,
-            src,
-            "model.embed_tokens.weight",
-            MatrixRole::Embedding,
-            v,
-            h,
-        )?;
-        let lm_head = match optional(src, "lm_head.weight", v, h)? {
+        let head = optional(src, "lm_head.weight", v, h)?;
+        // Whether the table is also the head, which multiplies it; otherwise rows are only
+        // looked up, which a backend may serve straight from the file.
+        let multiplied = needs_head && (config.tie_word_embeddings || head.is_none());
+        let table_role = match multiplied {
+            true => MatrixRole::Embedding,
+            false => MatrixRole::Lookup,
+        };
+        let embed =
+            decoder::matrix_as(backend, src, "model.embed_tokens.weight", table_role, v, h)?;
+        let lm_head = match head {
             Some(t) if !config.tie_word_embeddings => {
                 Some(backend.matrix("lm_head.weight", MatrixRole::Head, t)?)
             }
@@ -148,7 +150,7 @@ impl<B: Backend> Model<B> {
     ) -> Result<Self, ModelError> {
         let (v, h) = (config.vocab_size, config.hidden_size);
         let name = encoder::word_embeddings(src);
-        let embed = decoder::matrix_as(backend, src, &name, MatrixRole::Embedding, v, h)?;
+        let embed = decoder::matrix_as(backend, src, &name, MatrixRole::Lookup, v, h)?;
         let encoder = encoder::Encoder::load(backend, src, &config)?;
         Ok(Self {
             inv_freq_global: Vec::new(),

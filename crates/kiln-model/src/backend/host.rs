@@ -2,6 +2,7 @@
 
 use kiln_kernels::GgmlType;
 
+use super::TensorBytes;
 use crate::ModelError;
 
 /// A tensor as read from a model file: raw storage bytes of one type, viewed as a matrix.
@@ -13,8 +14,8 @@ pub struct HostTensor {
     pub rows: usize,
     /// Elements per row.
     pub cols: usize,
-    /// `rows * row_bytes(cols)` bytes.
-    pub bytes: Vec<u8>,
+    /// `rows * row_bytes(cols)` bytes: the file's own where the loader could leave them.
+    pub bytes: TensorBytes,
 }
 
 impl HostTensor {
@@ -56,7 +57,8 @@ impl HostTensor {
         for &r in order {
             out.extend_from_slice(&self.bytes[r * rb..(r + 1) * rb]);
         }
-        self.bytes = out;
+        self.bytes.release();
+        self.bytes = out.into();
         Ok(())
     }
 
@@ -71,19 +73,19 @@ impl HostTensor {
             )));
         }
         let mut start = 0;
-        Ok(rows
-            .iter()
-            .map(|&n| {
-                let bytes = self.bytes[start * rb..(start + n) * rb].to_vec();
-                start += n;
-                HostTensor {
-                    ty: self.ty,
-                    rows: n,
-                    cols: self.cols,
-                    bytes,
-                }
-            })
-            .collect())
+        let mut parts = Vec::with_capacity(rows.len());
+        for &n in rows {
+            let bytes = (self.bytes.slice(start * rb..(start + n) * rb))
+                .ok_or_else(|| ModelError::Forward("split past the tensor's bytes".into()))?;
+            start += n;
+            parts.push(HostTensor {
+                ty: self.ty,
+                rows: n,
+                cols: self.cols,
+                bytes,
+            });
+        }
+        Ok(parts)
     }
 }
 

@@ -9,9 +9,11 @@ pub mod cpu;
 mod host;
 mod kv_plan;
 pub mod reference;
+mod tensor_bytes;
 
 pub use host::{HostAct, HostTensor};
 pub use kv_plan::{DenseKv, KvLayerState, KvPlan, KvQuantFormat};
+pub use tensor_bytes::TensorBytes;
 
 use crate::ModelError;
 use crate::config::Activation;
@@ -150,6 +152,9 @@ impl KvLayout {
 pub enum MatrixRole {
     /// The token embedding table (the output head too when the model ties them).
     Embedding,
+    /// A table only ever read a row at a time, never multiplied: the token embeddings beside
+    /// a separate head (or of a model that needs none), an encoder's tables.
+    Lookup,
     /// The output head (`lm_head`).
     Head,
     /// A projection inside a layer (attention or MLP).

@@ -230,7 +230,7 @@ fn check_tensor_range(t: &GgufTensorInfo, alignment: u64, data_len: u64) -> Resu
 pub struct GgufFile {
     path: PathBuf,
     header: GgufHeader,
-    mmap: memmap2::Mmap,
+    mmap: std::sync::Arc<memmap2::Mmap>,
 }
 
 impl GgufFile {
@@ -250,7 +250,7 @@ impl GgufFile {
         Ok(Self {
             path: path.to_path_buf(),
             header,
-            mmap,
+            mmap: std::sync::Arc::new(mmap),
         })
     }
 
@@ -270,13 +270,13 @@ impl GgufFile {
         &self.mmap[start..start + info.size_bytes as usize]
     }
 
-    /// A copy of a tensor's bytes; the mapped pages are released afterwards, so the file is not
-    /// held in memory a second time beside the copies.
-    pub fn tensor_bytes(&self, info: &GgufTensorInfo) -> Vec<u8> {
-        let bytes = self.tensor_data(info).to_vec();
+    /// A tensor's bytes as a range of the file's map: no copy is made, and the map stays
+    /// alive while the range does (ranges were validated at open).
+    pub fn tensor_bytes(&self, info: &GgufTensorInfo) -> crate::backend::TensorBytes {
         let start = (self.header.data_offset + info.offset) as usize;
-        crate::weights::release_pages(&self.mmap, start, bytes.len());
-        bytes
+        let len = info.size_bytes as usize;
+        crate::backend::TensorBytes::mapped(self.mmap.clone(), start, len)
+            .unwrap_or_else(|| self.tensor_data(info).to_vec().into())
     }
 }
 

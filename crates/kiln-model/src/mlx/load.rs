@@ -290,7 +290,7 @@ pub(crate) fn serve(
         ty: GgmlType::F32,
         rows,
         cols,
-        bytes,
+        bytes: bytes.into(),
     };
     Ok((t, Some(why)))
 }
@@ -351,6 +351,6 @@ fn to_ggml(plan: &QuantPlan, packed: &[u8], scales: &[f32], biases: &[f32]) -> O
         ty: plan.target,
         rows,
         cols,
-        bytes: out,
+        bytes: out.into(),
     })
 }

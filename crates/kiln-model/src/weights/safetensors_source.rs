@@ -5,13 +5,14 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use kiln_kernels::GgmlType;
 use safetensors::{Dtype, SafeTensors};
 
 use super::TensorSource;
 use crate::ModelError;
-use crate::backend::HostTensor;
+use crate::backend::{HostTensor, TensorBytes};
 use crate::mlx::MlxQuantization;
 use crate::mlx::load::{self, MlxWeights};
 
@@ -27,7 +28,7 @@ struct Entry {
 /// A Hugging Face safetensors checkpoint as a [`TensorSource`].
 pub struct SafetensorsSource {
     dir: PathBuf,
-    files: Vec<(PathBuf, memmap2::Mmap)>,
+    files: Vec<(PathBuf, Arc<memmap2::Mmap>)>,
     entries: HashMap<String, Entry>,
     /// The MLX-quantized weights, when config.json has a quantization block.
     mlx: Option<MlxWeights>,
@@ -125,7 +126,7 @@ impl SafetensorsSource {
                     },
                 );
             }
-            files.push((path, mmap));
+            files.push((path, Arc::new(mmap)));
         }
         with_model_prefix(&mut entries);
         let mlx = match mlx {
@@ -186,7 +187,7 @@ impl SafetensorsSource {
 /// Validates the folder's U32 tensors against the quantization block (header facts only).
 fn plan_mlx(
     quant: &MlxQuantization,
-    files: &[(PathBuf, memmap2::Mmap)],
+    files: &[(PathBuf, Arc<memmap2::Mmap>)],
     entries: &HashMap<String, Entry>,
 ) -> Result<MlxWeights, ModelError> {
     let u32_names = entries
@@ -249,8 +250,8 @@ impl TensorSource for SafetensorsSource {
             [r, c] => (*r, *c),
             other => return Err(bad(format!("shape {other:?} is not a matrix or vector"))),
         };
-        let bytes = mmap[e.start..e.end].to_vec();
-        super::release_pages(mmap, e.start, bytes.len());
+        let bytes = TensorBytes::mapped(mmap.clone(), e.start, e.end - e.start)
+            .ok_or_else(|| bad("data offsets past the end of the file".into()))?;
         Ok(Some(HostTensor {
             ty,
             rows,

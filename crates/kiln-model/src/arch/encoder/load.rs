@@ -63,7 +63,7 @@ impl<B: Backend> Loader<'_, B> {
     /// Embedding table `name` of `rows × h`.
     pub(super) fn table(&self, name: &str, rows: usize) -> Result<B::Matrix, ModelError> {
         let t = require(self.src, name, rows, self.h)?;
-        self.b.matrix(name, MatrixRole::Embedding, t)
+        self.b.matrix(name, MatrixRole::Lookup, t)
     }
 
     /// BERT's or RoBERTa's positions and layers.

@@ -23,7 +23,7 @@ pub use kv::CpuKv;
 
 use super::{
     AttentionParams, Backend, BatchLayout, HostAct, HostTensor, KvLayout, KvPlan, KvQuantFormat,
-    MatrixRole, MemoryProfile, OpProfile, RopeAngles,
+    MatrixRole, MemoryProfile, OpProfile, RopeAngles, TensorBytes,
 };
 use crate::ModelError;
 use crate::config::Activation;
@@ -56,8 +56,8 @@ pub enum CpuMatrix {
         rows: usize,
         /// Input features.
         cols: usize,
-        /// Raw row bytes (on huge pages where the OS allows: `kiln_kernels::arena`).
-        bytes: WeightBuf,
+        /// Raw row bytes.
+        bytes: QuantBytes,
         /// Multiply with unquantized activations instead of 8-bit ones.
         f32_activations: bool,
     },
@@ -90,6 +90,26 @@ impl CpuMatrix {
             Self::F32 { data, .. } => data.len() * 4,
             Self::Quant { bytes, .. } => bytes.len(),
             Self::Repacked(m) | Self::RepackedHead(m) => m.size_bytes(),
+        }
+    }
+}
+
+/// Where a file-layout matrix's bytes live.
+pub enum QuantBytes {
+    /// Copied onto huge pages where the OS allows (`kiln_kernels::arena`): matrices that are
+    /// multiplied, whose every byte a decoded token streams.
+    Arena(WeightBuf),
+    /// Left in the model file's map: lookup tables, of which a token reads one row.
+    Mapped(TensorBytes),
+}
+
+impl std::ops::Deref for QuantBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Arena(b) => b,
+            Self::Mapped(b) => b,
         }
     }
 }
@@ -151,38 +171,48 @@ impl Backend for CpuBackend {
     ) -> Result<CpuMatrix, ModelError> {
         if self.options.dense || t.ty == GgmlType::F32 {
             let data = t.to_f32()?;
+            t.bytes.release();
             return Ok(CpuMatrix::F32 {
                 data,
                 rows: t.rows,
                 cols: t.cols,
             });
         }
+        if role == MatrixRole::Lookup && t.bytes.is_mapped() {
+            QMatrix::new(t.ty, t.rows, t.cols, &t.bytes)?;
+            return Ok(CpuMatrix::Quant {
+                ty: t.ty,
+                rows: t.rows,
+                cols: t.cols,
+                bytes: QuantBytes::Mapped(t.bytes),
+                f32_activations: true,
+            });
+        }
         // The output head (the embedding table when tied) keeps its activations unrounded
         // (f32, `kiln_kernels::head::f32_acts`, which says what this buys) or, for Q8_0 heads on
         // AVX-512, at 16 bits (`kiln_kernels::head::i16_acts`), or for Q6_K heads at AVX2 and
         // above, at 15 bits (`kiln_kernels::head::q6_k_split`, chosen at the matmul).
-        let f32_activations = matches!(role, MatrixRole::Head | MatrixRole::Embedding);
-        if f32_activations
-            && kiln_kernels::head::i16_acts::worthwhile(kiln_kernels::cpu_level(), t.ty)
-        {
-            return Ok(CpuMatrix::RepackedHead(RepackedMatrix::from_file_bytes(
-                t.ty, t.rows, t.cols, t.bytes,
-            )?));
-        }
-        if !f32_activations && RepackedMatrix::worthwhile(kiln_kernels::cpu_level(), t.ty) {
-            return Ok(CpuMatrix::Repacked(RepackedMatrix::from_file_bytes(
-                t.ty, t.rows, t.cols, t.bytes,
-            )?));
-        }
-        let bytes = WeightBuf::copy_of(&t.bytes, 0);
-        drop(t.bytes);
-        Ok(CpuMatrix::Quant {
-            ty: t.ty,
-            rows: t.rows,
-            cols: t.cols,
-            bytes,
-            f32_activations,
-        })
+        let f32_activations = role != MatrixRole::Projection;
+        let level = kiln_kernels::cpu_level();
+        let matrix = if f32_activations && kiln_kernels::head::i16_acts::worthwhile(level, t.ty) {
+            CpuMatrix::RepackedHead(RepackedMatrix::from_file_bytes(
+                t.ty, t.rows, t.cols, &t.bytes,
+            )?)
+        } else if !f32_activations && RepackedMatrix::worthwhile(level, t.ty) {
+            CpuMatrix::Repacked(RepackedMatrix::from_file_bytes(
+                t.ty, t.rows, t.cols, &t.bytes,
+            )?)
+        } else {
+            CpuMatrix::Quant {
+                ty: t.ty,
+                rows: t.rows,
+                cols: t.cols,
+                bytes: QuantBytes::Arena(WeightBuf::copy_of(&t.bytes, 0)),
+                f32_activations,
+            }
+        };
+        t.bytes.release();
+        Ok(matrix)
     }
 
     fn vector(&self, _name: &str, t: HostTensor) -> Result<Vec<f32>, ModelError> {
@@ -605,7 +635,7 @@ mod tests {
             ty: GgmlType::Q8_0,
             rows,
             cols,
-            bytes: vec![0; rows * row],
+            bytes: vec![0; rows * row].into(),
         }
     }
 
@@ -638,5 +668,62 @@ mod tests {
             .matrix("lm_head.weight", MatrixRole::Projection, q8_0(64, 64))
             .expect("matrix");
         assert!(!is_head(&projection));
+    }
+
+    /// Q8_0 rows whose values are the row index, as the bytes of a file map.
+    fn mapped_q8_0(rows: usize, cols: usize) -> HostTensor {
+        use std::io::Write;
+        let values: Vec<f32> = (0..rows * cols).map(|i| (i / cols) as f32).collect();
+        let encoded =
+            kiln_kernels::encode::encode_rows(GgmlType::Q8_0, &values, rows, cols).expect("encode");
+        let mut f = tempfile::tempfile().expect("temp file");
+        f.write_all(&encoded).expect("write");
+        // SAFETY: a private temporary file nothing else writes.
+        let map = std::sync::Arc::new(unsafe { memmap2::Mmap::map(&f) }.expect("map"));
+        HostTensor {
+            ty: GgmlType::Q8_0,
+            rows,
+            cols,
+            bytes: TensorBytes::mapped(map, 0, encoded.len()).expect("range"),
+        }
+    }
+
+    #[test]
+    fn a_lookup_table_stays_in_the_file_map_and_embeds_the_same_rows() {
+        let b = CpuBackend::new(CpuOptions { dense: false });
+        let lookup = b
+            .matrix("t", MatrixRole::Lookup, mapped_q8_0(40, 64))
+            .expect("matrix");
+        assert!(matches!(
+            lookup,
+            CpuMatrix::Quant {
+                bytes: QuantBytes::Mapped(_),
+                ..
+            }
+        ));
+        let copied = b
+            .matrix("t", MatrixRole::Embedding, mapped_q8_0(40, 64))
+            .expect("matrix");
+        assert!(!matches!(
+            copied,
+            CpuMatrix::Quant {
+                bytes: QuantBytes::Mapped(_),
+                ..
+            }
+        ));
+        let tokens = [0, 7, 39, 7];
+        let (a, c) = (
+            b.embed(&lookup, &tokens, None),
+            b.embed(&copied, &tokens, None),
+        );
+        let (a, c) = (a.expect("embed"), c.expect("embed"));
+        assert_eq!(a.data, c.data);
+        // Q8_0 keeps the row's scale in f16: 39 comes back within its rounding.
+        assert!(
+            a.row(2).iter().all(|&v| (v - 39.0).abs() < 0.02),
+            "{:?}",
+            &a.row(2)[..4]
+        );
+        assert!(b.embed(&lookup, &[40], None).is_err());
     }
 }
