@@ -57,7 +57,6 @@ impl HostTensor {
         for &r in order {
             out.extend_from_slice(&self.bytes[r * rb..(r + 1) * rb]);
         }
-        self.bytes.release();
         self.bytes = out.into();
         Ok(())
     }

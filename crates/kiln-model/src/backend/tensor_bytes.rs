@@ -48,19 +48,15 @@ impl TensorBytes {
 
     /// The bytes as an owned buffer: moved out, or copied from the map (whose pages are then
     /// released, see [`Self::release`]).
-    pub fn into_vec(self) -> Vec<u8> {
-        match self {
-            Self::Owned(v) => v,
-            mapped @ Self::Mapped { .. } => {
-                let v = mapped.to_vec();
-                mapped.release();
-                v
-            }
+    pub fn into_vec(mut self) -> Vec<u8> {
+        match &mut self {
+            Self::Owned(v) => std::mem::take(v),
+            Self::Mapped { .. } => self.to_vec(),
         }
     }
 
     /// Drops this process's resident pages of a mapped range once the backend has copied or
-    /// repacked it, so that loading holds the weights once (in the backend's storage) rather
+    /// repacked it (dropping the bytes does the same), so that loading holds the weights once (in the backend's storage) rather
     /// than twice; the bytes stay in the page cache and fault back in if read again. Nothing
     /// for owned bytes; best effort (an error changes nothing).
     pub fn release(&self) {
@@ -73,6 +69,14 @@ impl TensorBytes {
                 map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *start, *len)
             };
         }
+    }
+}
+
+impl Drop for TensorBytes {
+    /// A range read and let go (a loader's copy, a tensor the lab converted) leaves no pages
+    /// resident behind it; a clone or a sub-range still alive faults them back in if read.
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
