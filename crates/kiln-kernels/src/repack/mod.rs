@@ -133,9 +133,9 @@ impl RepackedMatrix {
 
     /// Repacks `bytes` (`rows` rows of `cols` elements of `ty`, file layout; a model file's map
     /// or a copy), a Q5_0 matrix's fifth bits laid out as `fifth_bits` (every level runs
-    /// either): each group of 16 rows packed from `bytes` into fresh huge-page storage (group `g` takes exactly the bytes of
-    /// rows `16g..16g + 16`), the groups spread over the pool. An error if `ty` has no
-    /// interleaved layout or the size is wrong.
+    /// either): each group of 16 rows packed from `bytes` into fresh huge-page storage (group
+    /// `g` takes exactly the bytes of rows `16g..16g + 16`), the groups spread over the pool.
+    /// An error if `ty` has no interleaved layout or the size is wrong.
     pub fn with_fifth_bits(
         fifth_bits: FifthBits,
         ty: GgmlType,

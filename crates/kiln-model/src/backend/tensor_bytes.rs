@@ -45,38 +45,16 @@ impl TensorBytes {
             }
         }
     }
-
-    /// The bytes as an owned buffer: moved out, or copied from the map (whose pages are then
-    /// released, see [`Self::release`]).
-    pub fn into_vec(mut self) -> Vec<u8> {
-        match &mut self {
-            Self::Owned(v) => std::mem::take(v),
-            Self::Mapped { .. } => self.to_vec(),
-        }
-    }
-
-    /// Drops this process's resident pages of a mapped range once the backend has copied or
-    /// repacked it (dropping the bytes does the same), so that loading holds the weights once (in the backend's storage) rather
-    /// than twice; the bytes stay in the page cache and fault back in if read again. Nothing
-    /// for owned bytes; best effort (an error changes nothing).
-    pub fn release(&self) {
-        #[cfg(unix)]
-        if let Self::Mapped { map, start, len } = self {
-            // SAFETY: the map is private and read-only, so no page of it was ever written:
-            // DONTNEED only makes later reads of the range (through any live slice) fault the
-            // same file bytes back in.
-            let _ = unsafe {
-                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *start, *len)
-            };
-        }
-    }
 }
 
 impl Drop for TensorBytes {
-    /// A range read and let go (a loader's copy, a tensor the lab converted) leaves no pages
-    /// resident behind it; a clone or a sub-range still alive faults them back in if read.
+    /// A mapped range let go (once the backend has copied or repacked it, or the lab has
+    /// converted it) leaves no pages resident behind it, so loading holds the weights once, in
+    /// the backend's storage; a clone or sub-range still alive faults them back in if read.
     fn drop(&mut self) {
-        self.release();
+        if let Self::Mapped { map, start, len } = self {
+            crate::weights::release_pages(map, *start, *len);
+        }
     }
 }
 
@@ -104,12 +82,6 @@ impl std::fmt::Debug for TensorBytes {
     }
 }
 
-impl PartialEq for TensorBytes {
-    fn eq(&self, other: &Self) -> bool {
-        **self == **other
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,14 +95,17 @@ mod tests {
     }
 
     #[test]
-    fn a_mapped_range_reads_the_file_and_survives_release() {
+    fn a_mapped_range_reads_the_file_and_survives_a_released_clone() {
         let map = map_of(&(0u8..100).collect::<Vec<_>>());
         let t = TensorBytes::mapped(map.clone(), 10, 5).unwrap();
         assert!(t.is_mapped());
         assert_eq!(&t[..], &[10, 11, 12, 13, 14]);
-        t.release();
-        assert_eq!(&t[..], &[10, 11, 12, 13, 14]);
-        assert_eq!(t.clone().into_vec(), vec![10, 11, 12, 13, 14]);
+        drop(t.clone());
+        assert_eq!(
+            &t[..],
+            &[10, 11, 12, 13, 14],
+            "a clone let go releases, loses nothing"
+        );
         let s = t.slice(1..3).unwrap();
         assert!(s.is_mapped());
         assert_eq!(&s[..], &[11, 12]);
@@ -140,10 +115,12 @@ mod tests {
     }
 
     #[test]
-    fn owned_bytes_move_out_unchanged() {
+    fn owned_bytes_slice_into_copies() {
         let t = TensorBytes::from(vec![1, 2, 3]);
         assert!(!t.is_mapped());
-        assert_eq!(&t.slice(1..3).unwrap()[..], &[2, 3]);
-        assert_eq!(t.into_vec(), vec![1, 2, 3]);
+        let s = t.slice(1..3).unwrap();
+        assert!(!s.is_mapped());
+        assert_eq!(&s[..], &[2, 3]);
+        assert!(t.slice(2..4).is_none());
     }
 }

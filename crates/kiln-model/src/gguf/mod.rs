@@ -275,8 +275,11 @@ impl GgufFile {
     pub fn tensor_bytes(&self, info: &GgufTensorInfo) -> crate::backend::TensorBytes {
         let start = (self.header.data_offset + info.offset) as usize;
         let len = info.size_bytes as usize;
-        crate::backend::TensorBytes::mapped(self.mmap.clone(), start, len)
-            .unwrap_or_else(|| self.tensor_data(info).to_vec().into())
+        crate::backend::TensorBytes::Mapped {
+            map: self.mmap.clone(),
+            start,
+            len,
+        }
     }
 }
 

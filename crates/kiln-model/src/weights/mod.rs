@@ -12,14 +12,16 @@ use std::path::Path;
 use crate::ModelError;
 use crate::backend::HostTensor;
 
-/// Drops the resident pages of `map[start..start + len]` once a tensor has been copied out, so
-/// loading holds the weights once (in their owned copies) rather than twice; the bytes stay in
-/// the page cache and fault back in if read again. Best effort: an error changes nothing.
+/// Drops the resident pages of `map[start..start + len]` once a tensor has been copied out or
+/// repacked, so loading holds the weights once (in the backend's storage) rather than twice;
+/// the bytes stay in the page cache and fault back in if read again. Best effort: an error
+/// changes nothing.
 pub(crate) fn release_pages(map: &memmap2::Mmap, start: usize, len: usize) {
     #[cfg(unix)]
     {
-        // SAFETY: the mapping is a private read-only file mapping and no slice of this range is
-        // alive (the caller has copied it); DONTNEED only makes later reads fault the file in.
+        // SAFETY: the mapping is a private read-only file mapping, so no page of it was ever
+        // written: DONTNEED only makes later reads of the range (through any slice still
+        // alive) fault the same file bytes back in.
         let _ =
             unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
     }

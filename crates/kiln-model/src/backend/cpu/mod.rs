@@ -171,7 +171,6 @@ impl Backend for CpuBackend {
     ) -> Result<CpuMatrix, ModelError> {
         if self.options.dense || t.ty == GgmlType::F32 {
             let data = t.to_f32()?;
-            t.bytes.release();
             return Ok(CpuMatrix::F32 {
                 data,
                 rows: t.rows,
@@ -179,6 +178,7 @@ impl Backend for CpuBackend {
             });
         }
         if role == MatrixRole::Lookup && t.bytes.is_mapped() {
+            // `embed` cuts rows by index, so the size is checked here, once.
             QMatrix::new(t.ty, t.rows, t.cols, &t.bytes)?;
             return Ok(CpuMatrix::Quant {
                 ty: t.ty,
@@ -194,6 +194,7 @@ impl Backend for CpuBackend {
         // above, at 15 bits (`kiln_kernels::head::q6_k_split`, chosen at the matmul).
         let f32_activations = role != MatrixRole::Projection;
         let level = kiln_kernels::cpu_level();
+        // The mapped pages `t` holds are released when it is dropped, below.
         let matrix = if f32_activations && kiln_kernels::head::i16_acts::worthwhile(level, t.ty) {
             CpuMatrix::RepackedHead(RepackedMatrix::from_file_bytes(
                 t.ty, t.rows, t.cols, &t.bytes,
@@ -211,7 +212,6 @@ impl Backend for CpuBackend {
                 f32_activations,
             }
         };
-        t.bytes.release();
         Ok(matrix)
     }
 
