@@ -88,7 +88,7 @@ pub(crate) fn k4_x16<const B: usize, const N: usize, const FIFTH: bool>(
                     _mm256_cvtepu8_epi32(_mm_loadl_epi64(base.add(64 + 16 * p + 8 * h).cast()));
                 let piece = base.add(Q4_K_CODES_AT + piece_bytes * p);
                 if h == 0 {
-                    prefetch(piece.wrapping_add(K_PREFETCH_AHEAD), piece_bytes, stream);
+                    prefetch(piece.wrapping_add(k_prefetch_ahead(N)), piece_bytes, stream);
                 }
                 let mut v = nibble_codes(piece.add(32 * h), m4);
                 if FIFTH {
@@ -142,9 +142,15 @@ pub(crate) fn k4_x16<const B: usize, const N: usize, const FIFTH: bool>(
     store(&acc, out);
 }
 
-/// How far ahead of the piece being multiplied the K-quant kernels ask for their weights, as
-/// the AVX-512 kernels do.
-pub(crate) const K_PREFETCH_AHEAD: usize = 2048;
+/// How far ahead of the piece being multiplied the K-quant kernels (AVX2, AVX-VNNI and
+/// AVX-512) ask for their weights with `n` tokens: a one-token call streams them from memory and
+/// asks further ahead (measured on Zen 5, docs/benchmarks.md); with several tokens they come
+/// from cache, where the longer distance was slower. Without any software prefetch the
+/// hardware's own left the one-token Q6_K kernel waiting on memory at AVX-512 (the 32-value
+/// AVX-512 kernels measured 5–10% slower decode with one, so they have none).
+pub(crate) const fn k_prefetch_ahead(n: usize) -> usize {
+    if n == 1 { 4096 } else { 2048 }
+}
 
 /// Each 32-bit lane's low 16 bits copied into its high 16 bits: a per-row multiplier for
 /// `vpmaddwd` against 16-bit pair sums.
@@ -251,7 +257,7 @@ pub(crate) fn q6_k_x16<const N: usize>(
                 let piece = base.add(Q6_K_CODES_AT + Q6_K_PIECE_BYTES * p);
                 if h == 0 {
                     prefetch(
-                        piece.wrapping_add(K_PREFETCH_AHEAD),
+                        piece.wrapping_add(k_prefetch_ahead(N)),
                         Q6_K_PIECE_BYTES,
                         stream,
                     );

@@ -5,6 +5,7 @@
 //! scales (`vpmulld`) and summed in integers; floats enter once per super-block, as in ggml.
 
 use super::repack::{block_dot, nibble_codes, vectors};
+use crate::dot::avx2::repack_k::k_prefetch_ahead;
 use crate::format::blocks::BlockQ8K;
 use crate::repack::kquant::{
     Q4_K_CODES_AT, Q4_KX16_BYTES, Q6_K_CODES_AT, Q6_K_PIECE_BYTES, Q6_K_SCALES_AT, Q6_KX16_BYTES,
@@ -39,7 +40,7 @@ pub fn q4_kx16_q8_k<const N: usize>(
         let (sc, v) = unsafe {
             let raw = _mm512_cvtepu8_epi32(_mm_loadu_si128(base.add(64 + 16 * p).cast()));
             let piece = base.add(Q4_K_CODES_AT + 256 * p);
-            prefetch(piece.wrapping_add(PREFETCH_AHEAD), 256);
+            prefetch(piece.wrapping_add(k_prefetch_ahead(N)), 256);
             let p4 = vectors::<4>(piece);
             (_mm512_and_si512(raw, low6), nibble_codes(&p4, m4))
         };
@@ -79,11 +80,6 @@ pub fn q4_kx16_q8_k<const N: usize>(
         unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
     }
 }
-
-/// How far ahead of the piece being multiplied the K-quant kernels ask for their weights: at
-/// one token the hardware's own prefetch left the Q6_K kernel waiting on memory. (The same in
-/// the 32-value kernels measured 5–10% slower decode, so they have none.)
-const PREFETCH_AHEAD: usize = 2048;
 
 /// Asks for the cache lines of `bytes` from `at` (an address past the matrix is harmless: a
 /// prefetch never faults).
@@ -155,7 +151,7 @@ pub fn q6_kx16_q8_k<const N: usize>(
                 _mm512_cvtepi8_epi32(_mm_loadu_si128(base.add(Q6_K_SCALES_AT + 16 * s).cast()))
             };
             let piece = base.add(Q6_K_CODES_AT + Q6_K_PIECE_BYTES * p);
-            prefetch(piece.wrapping_add(PREFETCH_AHEAD), Q6_K_PIECE_BYTES);
+            prefetch(piece.wrapping_add(k_prefetch_ahead(N)), Q6_K_PIECE_BYTES);
             (sc(2 * p), sc(2 * p + 1), q6_k_codes(piece, m4))
         };
         for t in 0..N {
